@@ -1,0 +1,105 @@
+"""Module extension: one lazily fetched repository per pin of third_party/pins.lock.json.
+
+The lock is the single source of truth. Starlark only reads it to declare repositories; the
+fetch, verification, cache and mirror logic is tools/fetch.py (tested on its own), which each
+repository rule runs with the interpreter named by KIMI_K3_PYTHON.
+
+Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`). Each pin gets only
+its own entry of the lock (as a one-pin lock written into its repository), so editing one pin
+re-fetches that pin alone. The hub repository `@pins` has:
+  //:<pin name>        the verified file of a pin
+  //stack:<role>       the file for a role (sglang, flashinfer, mooncake, ...) of the stack
+                       selected with --//third_party:stack (or --config=pypi)
+  //stack:<role>_pin   the pin name for that role, as a one-line text file
+"""
+
+def _repo_name(pin):
+    return "pin_" + "".join([c if c.isalnum() else "_" for c in pin.elems()])
+
+def _pinned_file_impl(rctx):
+    python = rctx.os.environ.get("KIMI_K3_PYTHON", "") or "python3.11"
+    workspace = rctx.path(rctx.attr._module_file).dirname
+    rctx.file("pin.lock.json", rctx.attr.pin_json)
+    for src in rctx.attr._tool_srcs:
+        rctx.watch(rctx.path(src))
+    out = "file/" + rctx.attr.filename
+    args = [python, "-m", "tools.fetch", "fetch", "--lock", "pin.lock.json", "--pin", rctx.attr.pin, "--out", out]
+    env = {"PYTHONPATH": str(workspace), "PYTHONDONTWRITEBYTECODE": "1"}
+    for k in ["KIMI_K3_CACHE", "KIMI_K3_MIRROR", "http_proxy", "https_proxy", "no_proxy"]:
+        if k in rctx.os.environ:
+            env[k] = rctx.os.environ[k]
+    rctx.report_progress("fetching pin %s" % rctx.attr.pin)
+    res = rctx.execute(args, environment = env, timeout = 7200, quiet = False)
+    if res.return_code != 0:
+        # tools/fetch.py prints a one-line `error: ...` naming the pin and the fix.
+        fail("pin '%s': %s" % (rctx.attr.pin, (res.stderr.strip().splitlines() or ["fetch failed"])[-1]))
+    rctx.file("file/BUILD.bazel", 'exports_files(["{f}"])\nfilegroup(name = "file", srcs = ["{f}"], visibility = ["//visibility:public"])\n'.format(f = rctx.attr.filename))
+    rctx.file("BUILD.bazel", "")
+
+_pinned_file = repository_rule(
+    implementation = _pinned_file_impl,
+    attrs = {
+        "pin": attr.string(mandatory = True),
+        "pin_json": attr.string(mandatory = True),
+        "filename": attr.string(mandatory = True),
+        "_module_file": attr.label(default = "//:MODULE.bazel"),
+        "_tool_srcs": attr.label_list(default = [
+            "//tools:fetch.py",
+            "//tools:lockfile.py",
+            "//tools:errors.py",
+        ]),
+    },
+    environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],
+)
+
+def _hub_impl(rctx):
+    lock = json.decode(rctx.attr.lock_json)
+    build = ['package(default_visibility = ["//visibility:public"])', ""]
+    for pin in sorted(lock["pins"].keys()):
+        build.append('alias(name = "%s", actual = "@%s//file")' % (pin, _repo_name(pin)))
+    rctx.file("BUILD.bazel", "\n".join(build) + "\n")
+
+    stacks = lock.get("stacks", {})
+    roles = {}
+    for stack in stacks.values():
+        for role, value in stack.items():
+            if type(value) == "string" and value in lock["pins"]:
+                roles[role] = True
+    sbuild = ['package(default_visibility = ["//visibility:public"])', ""]
+    for role in sorted(roles.keys()):
+        files = {}
+        names = {}
+        for sname in sorted(stacks.keys()):
+            pin = stacks[sname].get(role)
+            setting = "@@//third_party:stack_is_" + sname
+            if pin in lock["pins"]:
+                files[setting] = "//:" + pin
+                names[setting] = ":%s_pin_%s" % (role, sname)
+                sbuild.append('genrule(name = "%s_pin_%s", outs = ["%s_pin_%s.txt"], cmd = "echo %s > $@")' % (role, sname, role, sname, pin))
+        sbuild.append('alias(name = "%s", actual = select(%s, no_match_error = "stack has no %s pin"))' % (role, repr(files), role))
+        sbuild.append('alias(name = "%s_pin", actual = select(%s, no_match_error = "stack has no %s pin"))' % (role, repr(names), role))
+    rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
+
+_hub = repository_rule(
+    implementation = _hub_impl,
+    attrs = {"lock_json": attr.string(mandatory = True)},
+)
+
+def _pins_impl(mctx):
+    for mod in mctx.modules:
+        for tag in mod.tags.lock:
+            text = mctx.read(tag.file)
+            lock = json.decode(text)
+            for pin, spec in lock["pins"].items():
+                _pinned_file(
+                    name = _repo_name(pin),
+                    pin = pin,
+                    filename = spec.get("filename", pin),
+                    pin_json = json.encode_indent({"schema_version": lock.get("schema_version", 1), "pins": {pin: spec}, "stacks": {}}),
+                )
+            _hub(name = "pins", lock_json = text)
+
+pins = module_extension(
+    implementation = _pins_impl,
+    tag_classes = {"lock": tag_class(attrs = {"file": attr.label(mandatory = True)})},
+)

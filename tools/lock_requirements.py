@@ -1,0 +1,84 @@
+"""Lock the tools/tests venv: third_party/requirements.in -> third_party/requirements_lock.txt.
+
+Resolves with pip itself (`pip install --dry-run --report`, which reads PEP 658 metadata and so
+downloads little), then writes every resolved distribution as `name==version --hash=sha256:...`
+for `pip install --require-hashes`. Distributions pip resolved from a local file (this machine's
+CPU torch under its find-links directory) are hashed from disk.
+
+Usage: python3.11 -m tools.lock_requirements [--in third_party/requirements.in]
+                                             [--out third_party/requirements_lock.txt]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+from pathlib import Path
+from typing import Sequence
+
+from tools.errors import UserError, run_cli
+
+HEADER = """\
+# Hashed lock of the venv that runs this project's tools and tests (the Bazel Python toolchain,
+# third_party/python_venv.bzl). Generated from requirements.in by:
+#     python3.11 -m tools.lock_requirements
+# Do not edit by hand. torch is the CPU build (2.13.0+cpu, the version SGLang 0.5.19-0.5.21 pin):
+# the CPU suite must never pull a multi-GB CUDA torch.
+"""
+
+
+def _sha256_of_local(url: str) -> str:
+    path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve(requirements_in: Path) -> list[tuple[str, str, str]]:
+    """Return sorted (name, version, sha256) for the full closure of requirements_in."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+               "--only-binary=:all:", "--quiet", "--report", str(report), "-r", str(requirements_in)]
+        res = subprocess.run(cmd, text=True, capture_output=True)
+        if res.returncode != 0:
+            raise UserError(f"{requirements_in}: pip could not resolve it: {res.stderr.strip().splitlines()[-1:]}")
+        data = json.loads(report.read_text())
+    out: list[tuple[str, str, str]] = []
+    for item in data["install"]:
+        meta = item["metadata"]
+        info = item["download_info"]
+        hashes = info.get("archive_info", {}).get("hashes", {})
+        sha = hashes.get("sha256") or (
+            _sha256_of_local(info["url"]) if info["url"].startswith("file:") else "")
+        if not sha:
+            raise UserError(f"{meta['name']}=={meta['version']}: pip reported no sha256 for {info['url']}")
+        out.append((meta["name"].lower(), meta["version"], sha))
+    return sorted(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--in", dest="src", type=Path, default=Path("third_party/requirements.in"))
+    ap.add_argument("--out", type=Path, default=Path("third_party/requirements_lock.txt"))
+    args = ap.parse_args(argv)
+    if sys.version_info[:2] != (3, 11):
+        raise UserError(f"run this with Python 3.11 (the venv's version), not {sys.version.split()[0]}")
+    lines = [HEADER]
+    for name, version, sha in resolve(args.src):
+        lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(args.out)
+    print(f"wrote {args.out}: {len(lines) - 1} distributions", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
