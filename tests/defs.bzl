@@ -1,0 +1,46 @@
+"""Test macros: the CPU and GPU suites are plain py_tests running pytest, with tags and data.
+
+`artifacts` maps an environment variable to a label of a pinned artifact (e.g. a wheel from
+@pins); the test receives the artifact's runfiles path in that variable (DESIGN.md "Test
+artifacts"), so tests read real upstream bytes without knowing where Bazel keeps them.
+"""
+
+load("@rules_python//python:defs.bzl", "py_test")
+
+def _artifact_env(artifacts):
+    return {var: "$(rootpath %s)" % label for var, label in artifacts.items()}
+
+def cpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "medium", **kwargs):
+    """A CPU-suite test (tag cpu): runs anywhere, never needs a GPU or GitHub."""
+    srcs = srcs or [name + ".py"]
+    e = dict(env)
+    e.update(_artifact_env(artifacts))
+    py_test(
+        name = name,
+        srcs = srcs,
+        main = srcs[0],
+        data = data + artifacts.values(),
+        deps = deps + ["//tests/cpu:conftest", "//tools"],
+        env = e,
+        tags = ["cpu"] + tags,
+        size = size,
+        **kwargs
+    )
+
+def gpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "large", **kwargs):
+    """A GPU-suite test: tagged gpu (excluded from CPU runs by .bazelrc), exclusive (one GPU),
+    local (needs the host's driver), and never cached (the GPU and driver are not inputs)."""
+    srcs = srcs or [name + ".py"]
+    e = dict(env)
+    e.update(_artifact_env(artifacts))
+    py_test(
+        name = name,
+        srcs = srcs,
+        main = srcs[0],
+        data = data + artifacts.values(),
+        deps = deps + ["//tests/gpu:conftest", "//tools"],
+        env = e,
+        tags = ["gpu", "exclusive", "local", "no-remote", "no-cache"] + tags,
+        size = size,
+        **kwargs
+    )
