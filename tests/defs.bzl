@@ -13,8 +13,7 @@ def _artifact_env(artifacts):
 def cpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "medium", **kwargs):
     """A CPU-suite test (tag cpu): runs anywhere, never needs a GPU or GitHub."""
     srcs = srcs or [name + ".py"]
-    e = dict(env)
-    e.update(_artifact_env(artifacts))
+    e = env | _artifact_env(artifacts) if artifacts else env
     py_test(
         name = name,
         srcs = srcs,
@@ -31,8 +30,7 @@ def gpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, 
     """A GPU-suite test: tagged gpu (excluded from CPU runs by .bazelrc), exclusive (one GPU),
     local (needs the host's driver), and never cached (the GPU and driver are not inputs)."""
     srcs = srcs or [name + ".py"]
-    e = dict(env)
-    e.update(_artifact_env(artifacts))
+    e = env | _artifact_env(artifacts) if artifacts else env
     py_test(
         name = name,
         srcs = srcs,

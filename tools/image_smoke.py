@@ -1,0 +1,251 @@
+"""Smoke-test an OCI image layout without a container runtime.
+
+Usage:
+    python3 tools/image_smoke.py --layout DIR [--profile kimi-k3] [--import MOD]... \
+        [--manifest GATE_MANIFEST.json]... [--require IMAGE_PATH]... [--forbid IMAGE_PATH]... \
+        [--env K=V]... [--workdir DIR] [--keep-rootfs]
+
+1. `umoci unpack` applies the layers (whiteouts, links, owners) into a rootfs, as a runtime would.
+2. Every file a patch gate manifest lists (changed_files[].path relative to site-packages,
+   sha256_after; `files` also accepted)
+   must have that hash in the rootfs: the image ships the patched bytes, not upstream's.
+3. --require / --forbid paths must exist / be absent (e.g. the SM120 kernel cache must exist;
+   an official flashinfer_jit_cache must not, since FlashInfer would load its unpatched kernels).
+4. In a chroot of the rootfs (own mount namespace, /proc mounted), `/usr/bin/python3` imports
+   each module with only the image's environment plus --env.
+
+--profile kimi-k3 = imports flashinfer, sglang, mooncake.engine; FLASHINFER_DISABLE_JIT=1; requires
+flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache. Needs root (chroot).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.errors import UserError, run_cli
+from tools.oci_image import blob_path, read_index_manifest
+from tools.oci_layer import SITE_PACKAGES
+
+PROFILES: dict[str, dict[str, list[str]]] = {
+    "kimi-k3": {
+        "imports": ["flashinfer", "sglang", "mooncake.engine"],
+        "env": ["FLASHINFER_DISABLE_JIT=1"],
+        "require": [f"/{SITE_PACKAGES}/flashinfer/data/aot"],
+        "forbid": [f"/{SITE_PACKAGES}/flashinfer_jit_cache"],
+    },
+}
+
+# Runs inside the chroot with the image's python3; builtins and sys only, so a tiny test image
+# needs no more stdlib than what it tests. One line per module: MARK, name, ok, detail.
+_MARK = "kimi-k3-smoke"
+_IMPORT_SCRIPT = r"""
+import sys
+for name in sys.argv[1:]:
+    try:
+        __import__(name)
+        ok, detail = "1", str(getattr(sys.modules[name], "__file__", None))
+    except BaseException as e:
+        ok, detail = "0", type(e).__name__ + ": " + str(e).replace("\n", " ")
+    print("kimi-k3-smoke", name, ok, detail, sep="\t", flush=True)
+"""
+
+
+@dataclass
+class SmokeReport:
+    failures: list[str] = field(default_factory=list)
+    passes: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, what: str) -> None:
+        (self.passes if ok else self.failures).append(what)
+
+
+def ref_name(layout: Path) -> str:
+    index = json.loads((layout / "index.json").read_text())
+    name = index["manifests"][0].get("annotations", {}).get("org.opencontainers.image.ref.name")
+    if not name:
+        raise UserError(f"{layout}/index.json: no org.opencontainers.image.ref.name; build it with tools/oci_image.py")
+    return str(name)
+
+
+def image_env(layout: Path) -> list[str]:
+    _, manifest_bytes = read_index_manifest(layout)
+    config = json.loads(blob_path(layout, json.loads(manifest_bytes)["config"]["digest"]).read_bytes())
+    return list(config.get("config", {}).get("Env") or [])
+
+
+def unpack(layout: Path, bundle: Path) -> Path:
+    """Apply the layers with umoci (well-kept, handles whiteouts and symlink-safe extraction)."""
+    if shutil.which("umoci") is None:
+        raise UserError("umoci: not on PATH; install it (apt-get install -y umoci)")
+    proc = subprocess.run(["umoci", "unpack", "--image", f"{layout}:{ref_name(layout)}", str(bundle)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"--layout {layout}: umoci unpack failed: {proc.stdout.strip().splitlines()[-1:]}; "
+                        "rebuild the layout")
+    return bundle / "rootfs"
+
+
+def inside(rootfs: Path, image_path: str, _hops: int = 0) -> Path:
+    """Host path of an image path, following symlinks as the chroot would (never onto the host).
+
+    Absolute link targets are re-rooted at `rootfs` and '..' stops at the rootfs root, so an
+    image symlink like /usr/bin/python3 -> /opt/py/bin/python3 is judged by the image's content.
+    """
+    resolved: list[str] = []
+    pending = [p for p in PurePosixPath(image_path).parts if p != "/"]
+    hops = _hops
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = rootfs.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise UserError(f"{image_path!r}: too many symlinks in the image; fix the link loop")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            pending = [p for p in PurePosixPath(target).parts if p != "/"] + pending
+            continue
+        resolved.append(part)
+    return rootfs.joinpath(*resolved)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_manifest(rootfs: Path, manifest_path: Path, report: SmokeReport) -> None:
+    """Patched files must carry the gate's sha256_after (null = the patch deleted the file)."""
+    try:
+        data = json.loads(manifest_path.read_text())
+        # tools/patch_gate.py writes `changed_files`; `files` is accepted for hand-made manifests.
+        files = data["changed_files"] if "changed_files" in data else data["files"]
+        entries = [(str(f["path"]), f.get("sha256_after")) for f in files]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--manifest {manifest_path}: not a patch gate manifest with changed_files[].path/sha256_after "
+                        f"({e}); pass the gate's manifest.json") from e
+    for rel, expected in entries:
+        host = inside(rootfs, f"/{SITE_PACKAGES}/{rel}")
+        if expected is None:
+            report.check(not host.exists() and not host.is_symlink(), f"{rel} deleted by the patch")
+            continue
+        actual = sha256_file(host) if host.is_file() and not host.is_symlink() else "missing"
+        report.check(actual == expected, f"{rel} sha256 {actual[:12]} == gate {str(expected)[:12]}")
+
+
+def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> list[dict[str, object]]:
+    """Import modules with the image's python3 in a chroot (private mount ns with /proc)."""
+    if os.geteuid() != 0:
+        raise UserError("image_smoke: chroot needs root; run as root (CI runs tests as root)")
+    script = rootfs / "tmp" / "kimi-k3-smoke.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(_IMPORT_SCRIPT)
+    (rootfs / "proc").mkdir(exist_ok=True)
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    inner = [chroot, str(rootfs), "/usr/bin/python3", "/tmp/kimi-k3-smoke.py", *modules]
+    unshare = shutil.which("unshare")
+    if unshare:
+        # A private mount namespace: /proc is mounted for torch & co and vanishes with the process.
+        # `--propagation private` would remount / private, which fails when / is not a mount
+        # point (inside tools/bazel's sealed root, a chroot); making the mount that holds the
+        # rootfs private in the new namespace gives the same isolation in both cases.
+        mount = shutil.which("mount") or "/usr/bin/mount"
+        findmnt = shutil.which("findmnt") or "/usr/bin/findmnt"
+        cmd = [unshare, "--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c",
+               f'{mount} --make-rprivate "$({findmnt} -n -o TARGET -T "$0")" && '
+               f'{mount} -t proc proc "$0/proc" && exec "$@"', str(rootfs), *inner]
+    else:
+        cmd = inner
+    environment = dict(e.split("=", 1) for e in env)
+    environment.setdefault("HOME", "/root")
+    proc = subprocess.run(cmd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=900)
+    results = []
+    for line in proc.stdout.splitlines():
+        parts = line.split("\t", 3)
+        if len(parts) == 4 and parts[0] == _MARK:
+            results.append({"module": parts[1], "ok": parts[2] == "1", "detail": parts[3]})
+    if len(results) != len(modules):
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise UserError(f"chroot python3 in {rootfs} did not run (exit {proc.returncode}): {tail}; "
+                        "does the image have /usr/bin/python3?")
+    return results
+
+
+def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequence[Path], require: Sequence[str],
+          forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False) -> SmokeReport:
+    report = SmokeReport()
+    bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
+    try:
+        rootfs = unpack(layout, bundle)
+        for m in manifests:
+            check_manifest(rootfs, m, report)
+        for path in require:
+            p = inside(rootfs, path)
+            report.check(p.exists() and (not p.is_dir() or any(p.iterdir())), f"{path} present")
+        for path in forbid:
+            p = inside(rootfs, path)
+            report.check(not p.exists() and not p.is_symlink(), f"{path} absent")
+        if imports:
+            for r in run_imports(rootfs, imports, [*image_env(layout), *extra_env]):
+                report.check(bool(r["ok"]), f"import {r['module']}: {r['detail']}")
+    finally:
+        if keep:
+            print(f"rootfs kept at {bundle / 'rootfs'}", file=sys.stderr)
+        else:
+            shutil.rmtree(bundle.parent, ignore_errors=True)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layout", required=True, type=Path)
+    p.add_argument("--profile", choices=sorted(PROFILES))
+    p.add_argument("--import", dest="imports", action="append", default=[])
+    p.add_argument("--manifest", action="append", default=[], type=Path, help="patch gate manifest.json")
+    p.add_argument("--require", action="append", default=[], help="image path that must exist")
+    p.add_argument("--forbid", action="append", default=[], help="image path that must not exist")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    p.add_argument("--keep-rootfs", action="store_true")
+    args = p.parse_args(argv)
+    prof = PROFILES.get(args.profile or "", {})
+    for e in args.env:
+        if "=" not in e:
+            raise UserError(f"--env {e!r}: expected K=V")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    report = smoke(args.layout, args.workdir, [*prof.get("imports", []), *args.imports], args.manifest,
+                   [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
+                   [*prof.get("env", []), *args.env], args.keep_rootfs)
+    for line in report.passes:
+        print(f"ok   {line}")
+    for line in report.failures:
+        print(f"FAIL {line}")
+    print(f"{len(report.passes)} passed, {len(report.failures)} failed")
+    return 0 if not report.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,139 @@
+"""Thin Bazel rules over tools/patch_gate.py (all logic is in the Python tool).
+
+patched_tree: the gate's `apply` as one action: every patch of the series is checked (applies /
+    already upstream / conflicts) before any is applied; outputs the patched tree, the manifest
+    of changed files (checked against the committed one: drift fails the build), the table and
+    the wheel-layout patches for review.
+patched_wheel: the patched tree repacked as a wheel whose version carries a local suffix
+    (`+kimik3.<digest>`), so nobody mistakes it for the official one.
+"""
+
+def _tool_inputs(ctx):
+    return ctx.attr._tool[DefaultInfo].default_runfiles.files
+
+def _patched_tree_impl(ctx):
+    tree = ctx.actions.declare_directory(ctx.label.name + "/tree")
+    remapped = ctx.actions.declare_directory(ctx.label.name + "/remapped")
+    manifest = ctx.actions.declare_file(ctx.label.name + "/manifest.json")
+    table = ctx.actions.declare_file(ctx.label.name + "/table.txt")
+    target = ctx.file.target
+    pin_args = []
+    pin_inputs = []
+    for label, name in ctx.attr.pin_files.items():
+        f = label.files.to_list()[0]
+        pin_args.append("--pin-file=%s=%s" % (name, f.path))
+        pin_inputs.append(f)
+    cmd = """set -e
+export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 PATH=/usr/bin:/bin:/usr/local/bin
+"$1" -m tools.patch_gate apply --series "$2" --target "$3" --target-pin "$(cat "$4")" --layout "$5" \\
+  --lock "$6" --expected-manifest "$7" --out-dir "$8" --remapped-dir "$9" --manifest "${10}" --table "${11}" \\
+  "${@:12}"
+cat "${11}"
+"""
+    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
+    ctx.actions.run_shell(
+        command = cmd,
+        arguments = [
+            py.interpreter_path,
+            ctx.file.series.path,
+            target.path,
+            ctx.file.target_pin.path,
+            ctx.file.layout.path,
+            ctx.file._lock.path,
+            ctx.file.expected_manifest.path,
+            tree.path,
+            remapped.path,
+            manifest.path,
+            table.path,
+        ] + pin_args,
+        inputs = depset(
+            [ctx.file.series, target, ctx.file.target_pin, ctx.file.layout, ctx.file._lock, ctx.file.expected_manifest] +
+            ctx.files.series_data + pin_inputs,
+            transitive = [_tool_inputs(ctx)],
+        ),
+        outputs = [tree, remapped, manifest, table],
+        mnemonic = "PatchGate",
+        progress_message = "Patch gate: %s onto %s" % (ctx.file.series.short_path, target.basename),
+        use_default_shell_env = False,
+        execution_requirements = {"no-sandbox": "1"} if ctx.attr.no_sandbox else {},
+    )
+    return [
+        DefaultInfo(files = depset([tree, manifest, table])),
+        OutputGroupInfo(remapped = depset([remapped]), manifest = depset([manifest]), table = depset([table]), tree = depset([tree])),
+    ]
+
+patched_tree = rule(
+    implementation = _patched_tree_impl,
+    attrs = {
+        "target": attr.label(allow_single_file = True, mandatory = True, doc = "the pinned wheel"),
+        "target_pin": attr.label(allow_single_file = True, mandatory = True, doc = "text file holding the target's pin name"),
+        "series": attr.label(allow_single_file = True, mandatory = True),
+        "series_data": attr.label_list(allow_files = True, doc = "patch files the series names"),
+        "layout": attr.label(allow_single_file = True, mandatory = True),
+        "expected_manifest": attr.label(allow_single_file = True, mandatory = True),
+        "pin_files": attr.label_keyed_string_dict(allow_files = True, doc = "fetched patch pins -> their pin names"),
+        "no_sandbox": attr.bool(default = False),
+        "_lock": attr.label(default = "//third_party:pins.lock.json", allow_single_file = True),
+        "_tool": attr.label(default = "//tools"),
+    },
+    toolchains = ["@bazel_tools//tools/python:toolchain_type"],
+)
+
+def _patched_wheel_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    tree = ctx.attr.tree[OutputGroupInfo].tree.to_list()[0]
+    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
+    ctx.actions.run_shell(
+        command = 'set -e; export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$4"; "$1" -m tools.patch_gate repack-wheel --tree "$2" --out-dir "$3" --local-label kimik3',
+        arguments = [py.interpreter_path, tree.path, out.path, str(ctx.attr.source_date_epoch)],
+        inputs = depset([tree], transitive = [_tool_inputs(ctx)]),
+        outputs = [out],
+        mnemonic = "RepackWheel",
+        progress_message = "Repacking the patched tree of %s as a +kimik3 wheel" % ctx.attr.tree.label,
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+patched_wheel = rule(
+    implementation = _patched_wheel_impl,
+    attrs = {
+        "tree": attr.label(mandatory = True, providers = [OutputGroupInfo]),
+        "source_date_epoch": attr.int(default = 315532800, doc = "zip timestamps (1980-01-01, the zip epoch)"),
+        "_tool": attr.label(default = "//tools"),
+    },
+    toolchains = ["@bazel_tools//tools/python:toolchain_type"],
+)
+
+def stack_patch_gate(name, target_role, pin_files = {}, series_data = []):
+    """The patch gate targets of one folder (flashinfer_patches/, sglang_patches/):
+
+    :<name>_tree      the stack's series (<stack>.series) applied to the stack's <target_role> pin
+    :<name>_manifest  its manifest; :<name>_table its table
+    :check            test (tag cpu): prints the table, built manifest == <stack>.manifest.json
+    """
+    stacks = ["default", "pypi"]
+    patched_tree(
+        name = name + "_tree",
+        expected_manifest = select({"//third_party:stack_is_%s" % s: "%s.manifest.json" % s for s in stacks}),
+        layout = "wheel_layout.json",
+        pin_files = pin_files,
+        series = select({"//third_party:stack_is_%s" % s: "%s.series" % s for s in stacks}),
+        series_data = series_data,
+        target = "@pins//stack:" + target_role,
+        target_pin = "@pins//stack:%s_pin" % target_role,
+    )
+    for group in ["manifest", "table"]:
+        native.filegroup(name = "%s_%s" % (name, group), srcs = [":%s_tree" % name], output_group = group)
+    native.py_test(
+        name = "check",
+        srcs = ["//tests:patch_gate_check.py"],
+        main = "//tests:patch_gate_check.py",
+        data = [":%s_manifest" % name, ":%s_table" % name] + ["%s.manifest.json" % s for s in stacks],
+        env = select({
+            "//third_party:stack_is_%s" % s: {"KIMI_EXPECTED_MANIFEST": "$(rootpath %s.manifest.json)" % s}
+            for s in stacks
+        }) | {
+            "KIMI_BUILT_MANIFEST": "$(rootpath :%s_manifest)" % name,
+            "KIMI_GATE_TABLE": "$(rootpath :%s_table)" % name,
+        },
+        tags = ["cpu"],
+    )
