@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,13 +41,22 @@ def _sha256_of_local(url: str) -> str:
     return h.hexdigest()
 
 
-def resolve(requirements_in: Path) -> list[tuple[str, str, str]]:
-    """Return sorted (name, version, sha256) for the full closure of requirements_in."""
+def resolve(requirements_in: Path, isolated: bool = False) -> list[tuple[str, str, str]]:
+    """Return sorted (name, version, sha256) for the full closure of requirements_in.
+
+    isolated: ignore this machine's pip configuration (its local CPU torch and constraints), for
+    locks that must resolve against PyPI alone (the GPU venv's CUDA torch).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
                "--only-binary=:all:", "--quiet", "--report", str(report), "-r", str(requirements_in)]
-        res = subprocess.run(cmd, text=True, capture_output=True)
+        env = dict(os.environ)
+        if isolated:
+            cmd.insert(3, "--isolated")
+            env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+            env["PIP_CONFIG_FILE"] = os.devnull
+        res = subprocess.run(cmd, text=True, capture_output=True, env=env)
         if res.returncode != 0:
             raise UserError(f"{requirements_in}: pip could not resolve it: {res.stderr.strip().splitlines()[-1:]}")
         data = json.loads(report.read_text())
@@ -67,11 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--in", dest="src", type=Path, default=Path("third_party/requirements.in"))
     ap.add_argument("--out", type=Path, default=Path("third_party/requirements_lock.txt"))
+    ap.add_argument("--isolated", action="store_true", help="ignore this machine's pip config (PyPI only)")
+    ap.add_argument("--header", default=HEADER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if sys.version_info[:2] != (3, 11):
         raise UserError(f"run this with Python 3.11 (the venv's version), not {sys.version.split()[0]}")
-    lines = [HEADER]
-    for name, version, sha in resolve(args.src):
+    header = HEADER if not args.isolated else HEADER.replace(
+        "torch is the CPU build (2.13.0+cpu, the version SGLang 0.5.19-0.5.21 pin):\n# the CPU suite must never pull a multi-GB CUDA torch.",
+        "resolved against PyPI alone (--isolated): torch is the CUDA 13 build, for GPU hosts.")
+    header = header.replace("from requirements.in by:\n#     python3.11 -m tools.lock_requirements",
+                            f"from {args.src.name} by:\n#     python3.11 -m tools.lock_requirements --in {args.src} --out {args.out}" + (" --isolated" if args.isolated else ""))
+    lines = [header]
+    for name, version, sha in resolve(args.src, args.isolated):
         lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text("".join(lines))

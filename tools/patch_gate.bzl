@@ -90,6 +90,9 @@ def _patched_wheel_impl(ctx):
         outputs = [out],
         mnemonic = "RepackWheel",
         progress_message = "Repacking the patched tree of %s as a +kimik3 wheel" % ctx.attr.tree.label,
+        # The sandbox stages tree-artifact inputs as symlinks; the repack refuses symlinks (a
+        # wheel carries none), so it reads the real files.
+        execution_requirements = {"no-sandbox": "1"},
     )
     return [DefaultInfo(files = depset([out]))]
 

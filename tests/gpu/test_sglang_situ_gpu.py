@@ -24,6 +24,9 @@ from typing import Any, Optional
 
 import pytest
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).absolute().parent))
+from conftest import require_cached_module  # noqa: E402
+
 torch = pytest.importorskip("torch")
 
 SF_BLOCK = 32
@@ -220,6 +223,8 @@ def check_against_references(case: Case, run: Any, label: str, tolerance: float)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")
 def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
     device = _cuda_or_skip()
+    if _capability()[0] == 9:
+        require_cached_module("fused_moe_90")
     if _capability()[0] != 9:
         pytest.skip(f"SM90 W4A16 MXFP4 path; this GPU is sm{''.join(map(str, _capability()))}")
     _flashinfer_with_situ()
@@ -267,6 +272,8 @@ def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")
 def test_situ_mxfp8_mxfp4_sm120(shape: MoeShape) -> None:
     device = _cuda_or_skip()
+    if _capability()[0] == 12:
+        require_cached_module("fused_moe_120")
     if _capability()[0] != 12:
         pytest.skip(
             f"SM120-only MXFP8 x MXFP4 CUTLASS path; this GPU is sm{''.join(map(str, _capability()))}"
