@@ -11,6 +11,8 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:<role>       the file for a role (sglang, flashinfer, mooncake, ...) of the stack
                        selected with --//third_party:stack (or --config=pypi)
   //stack:<role>_pin   the pin name for that role, as a one-line text file
+  //stack:wheels_torch, //stack:wheels_rest
+                       the stack's `wheels` closure split for the image's layers (see below)
 """
 
 def _repo_name(pin):
@@ -52,6 +54,43 @@ _pinned_file = repository_rule(
     environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],
 )
 
+# The image's wheel layers (image/BUILD.bazel), bottom first: `torch` (torch, triton and
+# NVIDIA's CUDA library wheels: the largest and rarest to change) below `rest` (the other
+# third-party wheels of the stack's closure). The stack's own sglang, flashinfer and mooncake
+# pins are in neither: they get their own layers (patched, or pinned separately).
+_OWN_LAYER_ROLES = ["sglang", "flashinfer", "mooncake"]
+
+def _in_torch_layer(package_name):
+    n = package_name.lower().replace("_", "-").replace(".", "-")
+    if n in ["torch", "triton"]:
+        return True
+
+    # nvidia-cutlass-dsl* follow FlashInfer/SGLang releases, not torch's: keep them in `rest`
+    # so an SGLang bump does not rebuild the multi-GB torch layer.
+    return n.startswith("nvidia-") and not n.startswith("nvidia-cutlass-dsl")
+
+def _wheel_groups(lock, stacks):
+    """//stack:wheels_torch and //stack:wheels_rest (filegroups selected by the stack flag)."""
+    lines = []
+    groups = {"torch": {}, "rest": {}}
+    for sname in sorted(stacks.keys()):
+        stack = stacks[sname]
+        own = [stack.get(r) for r in _OWN_LAYER_ROLES]
+        members = {"torch": [], "rest": []}
+        for pin in stack.get("wheels", []):
+            if pin in own or pin not in lock["pins"]:
+                continue
+            name = lock["pins"][pin].get("package", {}).get("name", pin)
+            members["torch" if _in_torch_layer(name) else "rest"].append("//:" + pin)
+        setting = "@@//third_party:stack_is_" + sname
+        for group in ["torch", "rest"]:
+            target = "wheels_%s_%s" % (group, sname)
+            lines.append("filegroup(name = %s, srcs = %s)" % (repr(target), repr(sorted(members[group]))))
+            groups[group][setting] = ":" + target
+    for group in ["torch", "rest"]:
+        lines.append('alias(name = "wheels_%s", actual = select(%s, no_match_error = "stack has no wheels list"))' % (group, repr(groups[group])))
+    return lines
+
 def _hub_impl(rctx):
     lock = json.decode(rctx.attr.lock_json)
     build = ['package(default_visibility = ["//visibility:public"])', ""]
@@ -78,6 +117,7 @@ def _hub_impl(rctx):
                 sbuild.append('genrule(name = "%s_pin_%s", outs = ["%s_pin_%s.txt"], cmd = "echo %s > $@")' % (role, sname, role, sname, pin))
         sbuild.append('alias(name = "%s", actual = select(%s, no_match_error = "stack has no %s pin"))' % (role, repr(files), role))
         sbuild.append('alias(name = "%s_pin", actual = select(%s, no_match_error = "stack has no %s pin"))' % (role, repr(names), role))
+    sbuild += _wheel_groups(lock, stacks)
     rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
 
 _hub = repository_rule(

@@ -3,7 +3,7 @@
 Usage:
     python3 tools/oci_layer.py --name NAME --out LAYER.tar.gz --descriptor LAYER.json \
         [--tree IMAGE_DIR=HOST_DIR]... [--site-tree HOST_DIR]... [--wheel WHEEL]... \
-        [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar] [--compression gzip|none]
+        [--wheel-dir DIR]... [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar] [--compression gzip|none]
 
 The descriptor JSON ({name, mediaType, digest, size, diff_id}) is what tools/oci_image.py reads.
 
@@ -435,6 +435,19 @@ def _split_assignment(raw: str, flag: str) -> tuple[str, str]:
     return left, right
 
 
+def wheels_in_dirs(dirs: Iterable[str]) -> list[str]:
+    """The .whl files directly inside each directory (a Bazel rule's directory output, e.g. the
+    patch gate's repacked +kimik3 wheel, whose file name is only known after the build)."""
+    found: list[str] = []
+    for raw in dirs:
+        d = Path(raw)
+        wheels = sorted(str(w) for w in d.glob("*.whl")) if d.is_dir() else []
+        if not wheels:
+            raise UserError(f"--wheel-dir {raw}: no .whl file in it; pass the directory a wheel was written to")
+        found += wheels
+    return found
+
+
 def build_contents(trees: Iterable[str], site_trees: Iterable[str], wheels: Iterable[str],
                    files: Iterable[str], tars: Iterable[str], staging: Path) -> LayerContents:
     contents = LayerContents()
@@ -473,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--site-tree", action="append", default=[], metavar="HOST_DIR",
                    help=f"a tree placed under /{SITE_PACKAGES} (patched packages, kernel cache)")
     p.add_argument("--wheel", action="append", default=[], metavar="WHEEL")
+    p.add_argument("--wheel-dir", action="append", default=[], metavar="DIR", help="every .whl in DIR")
     p.add_argument("--file", action="append", default=[], metavar="IMAGE_PATH=HOST_FILE[:MODE]")
     p.add_argument("--tar", action="append", default=[], metavar="ROOTFS_TAR")
     p.add_argument("--compression", choices=["gzip", "none"], default="gzip")
@@ -481,7 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     epoch = source_date_epoch(args.source_date_epoch)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".oci_layer_stage.", dir=args.out.parent) as staging:
-        contents = build_contents(args.tree, args.site_tree, args.wheel, args.file, args.tar, Path(staging))
+        wheels = [*args.wheel, *wheels_in_dirs(args.wheel_dir)]
+        contents = build_contents(args.tree, args.site_tree, wheels, args.file, args.tar, Path(staging))
         if not contents.entries:
             raise UserError(f"--name {args.name}: the layer has no inputs; pass --tree/--wheel/--file/--tar")
         desc = write_layer(contents, args.name, args.out, epoch, compress=args.compression == "gzip")

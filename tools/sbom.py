@@ -8,6 +8,11 @@ The SBOM is shipped in the image at /usr/share/kimi-k3/sbom.spdx.json (its own s
 layer) and its sha256 is the image label org.kimi-k3.sbom-sha256 (tools/oci_image.py --sbom).
 Output is canonical JSON with `created` from SOURCE_DATE_EPOCH and a documentNamespace derived
 from the content, so the same pins and patches give the same bytes.
+
+Patches are listed by series entry name and gate state only, never by content hash: the
+content hashes live in the gate manifests shipped inside the FlashInfer and SGLang layers
+(/usr/share/kimi-k3/patch-gate/). So a one-line change to one SGLang patch changes exactly one
+layer (SGLang's) and the config, not this SBOM's layer as well.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from tools.oci_image import rfc3339
 from tools.oci_layer import canonical_json, source_date_epoch, write_bytes_atomic
 
 IMAGE_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
+# Where image/BUILD.bazel puts the patch gate manifests (inside the FlashInfer/SGLang layers).
+GATE_MANIFEST_DIR = "/usr/share/kimi-k3/patch-gate"
 NOASSERTION = "NOASSERTION"
 
 
@@ -76,17 +83,21 @@ def read_gate_manifest(path: Path) -> dict[str, Any]:
 
 
 def patch_packages(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(packages, relationships) for the patches of one gate run against its target pin."""
+    """(packages, relationships) for the patches of one gate run against its target pin.
+
+    Name and state only (see the module docstring): no checksum, no content-derived version.
+    """
     target = spdx_id("Pin", manifest["target"]["pin"])
+    series = manifest.get("series", "?")
     packages, relationships = [], []
     for p in manifest["patches"]:
         ident = spdx_id("Patch", f"{manifest['target']['pin']}-{p['entry']}")
-        packages.append({"SPDXID": ident, "name": p["entry"], "versionInfo": p["sha256"][:12],
+        packages.append({"SPDXID": ident, "name": p["entry"], "versionInfo": NOASSERTION,
                          "downloadLocation": NOASSERTION, "filesAnalyzed": False,
-                         "checksums": [{"algorithm": "SHA256", "checksumValue": p["sha256"]}],
                          "licenseConcluded": NOASSERTION, "licenseDeclared": NOASSERTION,
                          "copyrightText": NOASSERTION,
-                         "comment": f"patch gate state: {p['state']} (series {manifest.get('series', '?')})"})
+                         "comment": f"patch gate state: {p['state']} (series {series}; content hashes "
+                                    f"in the gate manifest under {GATE_MANIFEST_DIR})"})
         # PATCH_APPLIED only for patches whose hunks went in; 'already upstream' changed nothing.
         kind = "PATCH_APPLIED" if p["state"] == "applies" else "OTHER"
         rel: dict[str, Any] = {"spdxElementId": ident, "relationshipType": kind, "relatedSpdxElement": target}

@@ -225,6 +225,19 @@ def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
     assert str(tmp_path).encode() not in gzip.decompress(b1.read_bytes()), "no build path leaks into the layer"
 
 
+def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
+    # Bazel passes a repacked +kimik3 wheel as a directory output (its file name is only known
+    # after the build): installing from the directory must give the very same layer.
+    (tmp_path / "dir").mkdir()
+    wheel = make_wheel(tmp_path / "dir" / "tinywheel-1.0-py3-none-any.whl")
+    d1, _ = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
+    d2, _ = build_layer(tmp_path / "o2", "w", wheel_dir=[str(wheel.parent)])
+    assert json.loads(d1.read_text())["digest"] == json.loads(d2.read_text())["digest"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no .whl file"):
+        build_layer(tmp_path / "o3", "w", wheel_dir=[str(tmp_path / "empty")])
+
+
 def test_real_flashinfer_wheel_layer_is_reproducible(tmp_path: Path) -> None:
     wheel = os.environ.get("KIMI_TEST_FLASHINFER_WHEEL")
     if not wheel:
@@ -563,6 +576,19 @@ def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
     kinds = {r["spdxElementId"]: r["relationshipType"] for r in doc["relationships"]}
     assert kinds[pkgs["0001-fix.patch"]["SPDXID"]] == "PATCH_APPLIED"
     assert kinds[pkgs["0002-old.patch"]["SPDXID"]] == "OTHER"
+    # Patches by name and state only: their content hashes live in the gate manifests inside
+    # the FlashInfer/SGLang layers, so editing a patch must not change the SBOM layer too.
+    assert "checksums" not in pkgs["0001-fix.patch"] and "c" * 12 not in outs[0].decode()
+    gate_data = json.loads(gate.read_text())
+    gate_data["patches"][0]["sha256"] = "e" * 64
+    gate.write_text(json.dumps(gate_data))
+    argv = ["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate), "--out", str(tmp_path / "c.json")]
+    assert sbom.main(argv) == 0
+    assert (tmp_path / "c.json").read_bytes() == outs[0]
+    gate_data["patches"][1]["state"] = "applies"
+    gate.write_text(json.dumps(gate_data))
+    assert sbom.main([*argv[:-1], str(tmp_path / "d.json")]) == 0
+    assert (tmp_path / "d.json").read_bytes() != outs[0]
     with pytest.raises(UserError, match="patch_gate"):
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
