@@ -1,0 +1,283 @@
+"""Thin Bazel rules over tools/kernel_cache.py: one action per FlashInfer object.
+
+    flashinfer_kernel_cache(name, arch = None)
+
+builds the AOT layout `<name>_aot/flashinfer/data/aot/<module>/<module>.so` + kernel_cache.json
+from the patch gate's tree (`//flashinfer_patches:flashinfer_tree`, output group `tree`). The
+checked-in plan (kernel_cache/plan_<arch>_<variant>.bzl) is picked by the build settings
+`//kernel_cache:arch` (12.0f | 9.0a; fixed when `arch` is given) and `//kernel_cache:variant`
+(full | lean), so every object is known at analysis time. Action graph:
+
+    gen-sources (per module with generated sources)
+      -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel never
+         runs two ~9 GB SM120 grouped-GEMM compiles at once on a 24 GB host)
+      -> link-module (per module) -> assemble (AOT layout + kernel_cache.json)
+
+Each object is its own cached action, so an interrupted build resumes with every finished
+object, and `--//kernel_cache:only=silu_and_mul,norm` builds a subset (the plan's other modules
+are simply not wired).
+
+Toolchain: `--//kernel_cache:cuda_home` (default /usr/local/cuda) is the CUDA root; compilers
+run chrooted into `--//kernel_cache:host_root` (default `auto`: /run/kimi-k3-host when
+tools/bazel mounted the host there, see tools/kernel_cache.py DEFAULT_HOST_ROOT for why), hence
+`no-sandbox` on compile and link actions (chroot needs the real execroot). The nvcc release must
+equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cache.json.
+"""
+
+load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
+
+ARCHS = {"12.0f": "120f", "9.0a": "90a"}
+VARIANTS = ["full", "lean"]
+
+# Checked-in plans: (arch, variant) -> plan file. 9.0a lean is not planned (no Hopper use).
+PLAN_FILES = {
+    ("12.0f", "full"): "plan_120f_full.bzl",
+    ("12.0f", "lean"): "plan_120f_lean.bzl",
+    ("9.0a", "full"): "plan_90a_full.bzl",
+}
+
+def _res_9g(_os, _inputs):
+    return {"cpu": 1, "memory": 9000}
+
+def _res_7500m(_os, _inputs):
+    return {"cpu": 1, "memory": 7500}
+
+def _res_4g(_os, _inputs):
+    return {"cpu": 1, "memory": 4000}
+
+def _res_3g(_os, _inputs):
+    return {"cpu": 1, "memory": 3000}
+
+def _res_1500m(_os, _inputs):
+    return {"cpu": 1, "memory": 1500}
+
+def _resources(mem_mb):
+    # resource_set must name a top-level function of (os, inputs_size): one per memory class of
+    # tools/kernel_cache.py _MEM_HINTS_MB (the next class up for anything in between).
+    if mem_mb > 7500:
+        return _res_9g
+    if mem_mb > 4000:
+        return _res_7500m
+    if mem_mb > 3000:
+        return _res_4g
+    if mem_mb > 1500:
+        return _res_3g
+    return _res_1500m
+
+def _setting(target):
+    return target[BuildSettingInfo].value
+
+def _kernel_cache_impl(ctx):
+    plan = json.decode(ctx.attr.plan_json)
+    tree = ctx.attr.flashinfer_tree[OutputGroupInfo].tree.to_list()[0]
+    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
+    # Only the files the tool imports: an edit elsewhere in tools/ must not invalidate hours of
+    # compiled objects (every action's key includes these inputs).
+    tool_files = depset(ctx.files._tool_srcs)
+    cuda_home = _setting(ctx.attr._cuda_home)
+    host_root = _setting(ctx.attr._host_root)
+    only = sorted({n.strip(): None for v in _setting(ctx.attr._only) for n in v.split(",") if n.strip()}.keys())
+    known = [m["name"] for m in plan["modules"]]
+    unknown = [n for n in only if n not in known]
+    if unknown:
+        fail("--//kernel_cache:only=%s: not in the %s/%s plan (modules: %s); fix the name" % (
+            ",".join(unknown),
+            plan["arch"],
+            plan["variant"],
+            ",".join(known),
+        ))
+    modules = [m for m in plan["modules"] if not only or m["name"] in only]
+
+    # The tool runs from the execroot as `python -m tools.kernel_cache`; it strips FLASHINFER_*
+    # and compiler variables itself. PATH must reach chroot (/usr/sbin) and the host's c++.
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "PYTHONPATH": ".",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+    }
+    common = ["--cuda-home", cuda_home, "--host-root", host_root]
+    plan_file = ctx.file.plan_file
+    base_inputs = depset([plan_file], transitive = [tool_files])
+
+    def run(args, inputs, outputs, mnemonic, progress, **kwargs):
+        ctx.actions.run(
+            executable = py.interpreter_path,
+            arguments = ["-m", "tools.kernel_cache"] + args,
+            inputs = depset(inputs, transitive = [base_inputs]),
+            outputs = outputs,
+            env = env,
+            mnemonic = mnemonic,
+            progress_message = progress,
+            **kwargs
+        )
+
+    # Compilers run chrooted into the host root: the real execroot, not a sandbox, must be there.
+    local = {"no-sandbox": "1", "no-remote-exec": "1"}
+    total = 0
+    for m in modules:
+        total += len(m["objects"])
+    index = 0
+    module_sos = []
+    assemble_args = ["assemble"] + common + ["--plan", plan_file.path]
+    for module in modules:
+        name = module["name"]
+        gen_dir = None
+        gen_inputs = []
+        if module["gen_files"]:
+            gen_dir = ctx.actions.declare_directory("%s/%s_gen" % (ctx.label.name, name))
+            run(
+                ["gen-sources"] + common + [
+                    "--flashinfer-tree",
+                    tree.path,
+                    "--plan",
+                    plan_file.path,
+                    "--modules",
+                    ctx.file.modules.path,
+                    "--module",
+                    name,
+                    "--out",
+                    gen_dir.path,
+                ],
+                [tree, ctx.file.modules],
+                [gen_dir],
+                "KernelCacheGen",
+                "Generating FlashInfer sources of %s (%d files)" % (name, len(module["gen_files"])),
+            )
+            gen_inputs = [gen_dir]
+        objects = []
+        for obj in module["objects"]:
+            index += 1
+            out = ctx.actions.declare_file("%s/%s_objs/%s" % (ctx.label.name, name, obj["out"]))
+            args = ["compile-object"] + common + [
+                "--flashinfer-tree",
+                tree.path,
+                "--plan",
+                plan_file.path,
+                "--module",
+                name,
+                "--object",
+                obj["out"],
+                "--out",
+                out.path,
+            ]
+            if gen_dir:
+                args += ["--gen-dir", gen_dir.path]
+            run(
+                args,
+                [tree] + gen_inputs,
+                [out],
+                "KernelCacheCompile",
+                # Bazel has no global counter; the object's index in the wired plan stands in.
+                "FlashInfer object %d/%d: %s/%s (~%d MB)" % (index, total, name, obj["out"], obj["mem_mb"]),
+                resource_set = _resources(obj["mem_mb"]),
+                execution_requirements = local,
+            )
+            objects.append(out)
+        so = ctx.actions.declare_file("%s/%s.so" % (ctx.label.name, name))
+        run(
+            ["link-module"] + common + [
+                "--plan",
+                plan_file.path,
+                "--module",
+                name,
+                "--objects-dir",
+                objects[0].dirname,
+                "--out",
+                so.path,
+            ],
+            objects,
+            [so],
+            "KernelCacheLink",
+            "Linking FlashInfer module %s (%d objects)" % (name, len(objects)),
+            execution_requirements = local,
+        )
+        module_sos.append(so)
+        assemble_args += ["--module-so", "%s=%s" % (name, so.path)]
+    if only:
+        assemble_args += ["--only", ",".join(only)]
+
+    out_dir = ctx.actions.declare_directory(ctx.label.name + "_aot")
+    run(
+        assemble_args + ["--out", out_dir.path],
+        module_sos,
+        [out_dir],
+        "KernelCacheAssemble",
+        "Assembling FlashInfer AOT cache %s (%d modules, %d objects)" % (ctx.label.name, len(module_sos), total),
+    )
+    # The subset this cache holds, for the verify test (an empty file: the whole plan).
+    subset = ctx.actions.declare_file(ctx.label.name + "_only.txt")
+    ctx.actions.write(subset, ",".join(only) + "\n" if only else "")
+    return [
+        DefaultInfo(files = depset([out_dir])),
+        OutputGroupInfo(
+            aot = depset([out_dir]),
+            only = depset([subset]),
+            modules = depset(module_sos),
+        ),
+    ]
+
+_kernel_cache = rule(
+    implementation = _kernel_cache_impl,
+    attrs = {
+        "plan_json": attr.string(mandatory = True, doc = "the selected plan, as JSON"),
+        "plan_file": attr.label(allow_single_file = True, mandatory = True, doc = "the same plan's file (an input of every action)"),
+        "modules": attr.label(allow_single_file = True, default = "//kernel_cache:modules.json"),
+        "flashinfer_tree": attr.label(mandatory = True, providers = [OutputGroupInfo], doc = "patched_tree target (output group tree)"),
+        "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),
+        "_host_root": attr.label(default = "//kernel_cache:host_root"),
+        "_only": attr.label(default = "//kernel_cache:only"),
+        "_tool_srcs": attr.label_list(
+            allow_files = True,
+            default = ["//tools:__init__.py", "//tools:errors.py", "//tools:kernel_cache.py"],
+        ),
+    },
+    toolchains = ["@bazel_tools//tools/python:toolchain_type"],
+)
+
+def _plan_select(plans, arch, what):
+    """select() over the build settings giving plans[(arch, variant)] for each planned combo."""
+    branches = {}
+    for (a, v), value in plans.items():
+        if arch != None and a != arch:
+            continue
+        setting = "//kernel_cache:is_%s_%s" % (ARCHS[a], v) if arch == None else "//kernel_cache:variant_is_%s" % v
+        branches[setting] = value
+    return select(branches, no_match_error = "no checked-in kernel cache plan for this --//kernel_cache:arch/variant (%s); planned: %s" % (
+        what,
+        ", ".join(["%s/%s" % k for k in plans.keys()]),
+    ))
+
+def flashinfer_kernel_cache(name, plans, arch = None, flashinfer_tree = "//flashinfer_patches:flashinfer_tree", **kwargs):
+    """The kernel cache for the plan the build settings select.
+
+    Args:
+      name: target name; outputs <name>_aot/ (output groups aot, only, modules).
+      plans: {(arch, variant): (plan dict loaded from the .bzl, plan file label)}.
+      arch: fix the arch (e.g. "12.0f"); None follows --//kernel_cache:arch.
+      flashinfer_tree: the patch gate's patched_tree target.
+      **kwargs: common attributes (tags, visibility).
+    """
+    _kernel_cache(
+        name = name,
+        plan_json = _plan_select({k: json.encode(v[0]) for k, v in plans.items()}, arch, name),
+        plan_file = _plan_select({k: v[1] for k, v in plans.items()}, arch, name),
+        flashinfer_tree = flashinfer_tree,
+        **kwargs
+    )
+
+def _settings_vars_impl(ctx):
+    # Make variables for test env: $(KIMI_CUDA_HOME), $(KIMI_K3_HOST_ROOT).
+    return [platform_common.TemplateVariableInfo({
+        "KIMI_CUDA_HOME": _setting(ctx.attr._cuda_home),
+        "KIMI_K3_HOST_ROOT": _setting(ctx.attr._host_root),
+    })]
+
+kernel_cache_settings_vars = rule(
+    implementation = _settings_vars_impl,
+    attrs = {
+        "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),
+        "_host_root": attr.label(default = "//kernel_cache:host_root"),
+    },
+    doc = "The toolchain build settings as Make variables, for py_test env (toolchains = [...]).",
+)
