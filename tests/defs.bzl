@@ -10,35 +10,36 @@ load("@rules_python//python:defs.bzl", "py_test")
 def _artifact_env(artifacts):
     return {var: "$(rootpath %s)" % label for var, label in artifacts.items()}
 
-def cpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "medium", **kwargs):
-    """A CPU-suite test (tag cpu): runs anywhere, never needs a GPU or GitHub."""
+def _pytest_test(name, srcs, artifacts, data, deps, env, tags, size, conftest, **kwargs):
     srcs = srcs or [name + ".py"]
-    e = env | _artifact_env(artifacts) if artifacts else env
     py_test(
         name = name,
         srcs = srcs,
         main = srcs[0],
         data = data + list(artifacts.values()),
-        deps = deps + ["//tests/cpu:conftest", "//tools"],
-        env = e,
-        tags = ["cpu"] + tags,
+        deps = deps + [conftest, "//tools"],
+        env = env | _artifact_env(artifacts) if artifacts else env,
+        tags = tags,
         size = size,
         **kwargs
     )
 
+def cpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "medium", **kwargs):
+    """A CPU-suite test (tag cpu): runs anywhere, never needs a GPU or GitHub."""
+    _pytest_test(name, srcs, artifacts, data, deps, env, ["cpu"] + tags, size, "//tests/cpu:conftest", **kwargs)
+
 def gpu_test(name, srcs = None, artifacts = {}, data = [], deps = [], env = {}, tags = [], size = "large", **kwargs):
     """A GPU-suite test: tagged gpu (excluded from CPU runs by .bazelrc), exclusive (one GPU),
     local (needs the host's driver), and never cached (the GPU and driver are not inputs)."""
-    srcs = srcs or [name + ".py"]
-    e = env | _artifact_env(artifacts) if artifacts else env
-    py_test(
-        name = name,
-        srcs = srcs,
-        main = srcs[0],
-        data = data + list(artifacts.values()),
-        deps = deps + ["//tests/gpu:conftest", "//tools"],
-        env = e,
-        tags = ["gpu", "exclusive", "local", "no-remote", "no-cache"] + tags,
-        size = size,
+    _pytest_test(
+        name,
+        srcs,
+        artifacts,
+        data,
+        deps,
+        env,
+        ["gpu", "exclusive", "local", "no-remote", "no-cache"] + tags,
+        size,
+        "//tests/gpu:conftest",
         **kwargs
     )

@@ -13,6 +13,7 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:<role>_pin   the pin name for that role, as a one-line text file
   //stack:wheels_torch, //stack:wheels_rest
                        the stack's `wheels` closure split for the image's layers (see below)
+  //:stacks.bzl        STACKS (stack names) and PATCH_PINS (stack -> patch pins) for BUILD files
 """
 
 def _repo_name(pin):
@@ -119,6 +120,17 @@ def _hub_impl(rctx):
         sbuild.append('alias(name = "%s_pin", actual = select(%s, no_match_error = "stack has no %s pin"))' % (role, repr(names), role))
     sbuild += _wheel_groups(lock, stacks)
     rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
+
+    # The lock's stack names and patch pins for BUILD files (the stack flag's values, the patch
+    # gate's pin inputs), so that no BUILD file repeats them.
+    rctx.file("stacks.bzl", "\n".join([
+        '"""Generated from third_party/pins.lock.json by third_party/pins.bzl; do not edit."""',
+        "",
+        "STACKS = %s" % repr(sorted(stacks.keys())),
+        "",
+        "PATCH_PINS = %s" % repr({s: list(stacks[s].get("patch_pins", [])) for s in sorted(stacks.keys())}),
+        "",
+    ]))
 
 _hub = repository_rule(
     implementation = _hub_impl,

@@ -11,7 +11,6 @@ Usage: python3.11 -m tools.lock_requirements [--in third_party/requirements.in]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.errors import UserError, run_cli
+from tools.fetch import sha256_of_file
 
 HEADER = """\
 # Hashed lock of the venv that runs this project's tools and tests (the Bazel Python toolchain,
@@ -33,12 +33,7 @@ HEADER = """\
 
 
 def _sha256_of_local(url: str) -> str:
-    path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_of_file(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)))
 
 
 def resolve(requirements_in: Path, isolated: bool = False) -> list[tuple[str, str, str]]:

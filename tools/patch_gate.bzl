@@ -8,6 +8,8 @@ patched_wheel: the patched tree repacked as a wheel whose version carries a loca
     (`+kimik3.<digest>`), so nobody mistakes it for the official one.
 """
 
+load("@pins//:stacks.bzl", "PATCH_PINS", "STACKS")
+
 def _tool_inputs(ctx):
     return ctx.attr._tool[DefaultInfo].default_runfiles.files
 
@@ -106,19 +108,24 @@ patched_wheel = rule(
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
 )
 
-def stack_patch_gate(name, target_role, pin_files = {}, series_data = []):
+def stack_patch_gate(name, target_role, series_data = [], uses_patch_pins = False):
     """The patch gate targets of one folder (flashinfer_patches/, sglang_patches/):
 
     :<name>_tree      the stack's series (<stack>.series) applied to the stack's <target_role> pin
     :<name>_manifest  its manifest; :<name>_table its table
     :check            test (tag cpu): prints the table, built manifest == <stack>.manifest.json
     """
-    stacks = ["default", "pypi"]
+    stacks = STACKS
     patched_tree(
         name = name + "_tree",
         expected_manifest = select({"//third_party:stack_is_%s" % s: "%s.manifest.json" % s for s in stacks}),
         layout = "wheel_layout.json",
-        pin_files = pin_files,
+        # The lock's patch_pins of the selected stack: a GitHub-only pin (#4460) is fetched only
+        # for a stack whose series needs it.
+        pin_files = select({
+            "//third_party:stack_is_%s" % s: {"@pins//:" + p: p for p in (PATCH_PINS[s] if uses_patch_pins else [])}
+            for s in stacks
+        }),
         series = select({"//third_party:stack_is_%s" % s: "%s.series" % s for s in stacks}),
         series_data = series_data,
         target = "@pins//stack:" + target_role,
