@@ -61,7 +61,7 @@ cat "${11}"
     )
     return [
         DefaultInfo(files = depset([tree, manifest, table])),
-        OutputGroupInfo(remapped = depset([remapped]), manifest = depset([manifest]), table = depset([table]), tree = depset([tree])),
+        OutputGroupInfo(remapped = depset([remapped]), manifest = depset([manifest]), table = depset([table]), tree = depset([tree]), upstream = depset([target])),
     ]
 
 patched_tree = rule(
@@ -84,11 +84,12 @@ patched_tree = rule(
 def _patched_wheel_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     tree = ctx.attr.tree[OutputGroupInfo].tree.to_list()[0]
+    upstream = ctx.attr.tree[OutputGroupInfo].upstream.to_list()[0]
     py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
     ctx.actions.run_shell(
-        command = 'set -e; export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$4"; "$1" -m tools.patch_gate repack-wheel --tree "$2" --out-dir "$3" --local-label kimik3',
-        arguments = [py.interpreter_path, tree.path, out.path, str(ctx.attr.source_date_epoch)],
-        inputs = depset([tree], transitive = [_tool_inputs(ctx)]),
+        command = 'set -e; export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$4"; "$1" -m tools.patch_gate repack-wheel --tree "$2" --out-dir "$3" --local-label kimik3 --modes-from "$5"',
+        arguments = [py.interpreter_path, tree.path, out.path, str(ctx.attr.source_date_epoch), upstream.path],
+        inputs = depset([tree, upstream], transitive = [_tool_inputs(ctx)]),
         outputs = [out],
         mnemonic = "RepackWheel",
         progress_message = "Repacking the patched tree of %s as a +kimik3 wheel" % ctx.attr.tree.label,

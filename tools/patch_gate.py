@@ -1056,7 +1056,7 @@ def cmd_remap(args: argparse.Namespace) -> int:
 
 
 def cmd_repack(args: argparse.Namespace) -> int:
-    wheel = wheel_repack.repack_wheel(args.tree, args.out_dir, args.local_label)
+    wheel = wheel_repack.repack_wheel(args.tree, args.out_dir, args.local_label, args.modes_from)
     if args.wheel_name_out:
         write_atomic(args.wheel_name_out, (wheel.name + "\n").encode("utf-8"))
     print(wheel)
@@ -1098,6 +1098,8 @@ def build_parser() -> argparse.ArgumentParser:
     repack.add_argument("--tree", type=Path, required=True, help="patched tree from `apply --out-dir`")
     repack.add_argument("--out-dir", type=Path, required=True, help="directory that receives the one wheel")
     repack.add_argument("--local-label", default=wheel_repack.PATCHED_LOCAL_LABEL)
+    repack.add_argument("--modes-from", type=Path,
+                        help="the upstream wheel: file modes (exec bits) are taken from it, not from disk")
     repack.add_argument("--wheel-name-out", type=Path, help="also write the wheel's file name here")
     repack.set_defaults(func=cmd_repack)
     return parser

@@ -232,13 +232,28 @@ def compare_with_record(actual: dict[str, str | None], record: dict[str, RecordE
     return verified
 
 
-def content_digest(tree: Path, dist: DistInfo) -> str:
+ExecBits = Callable[[str, Path], bool]
+
+
+def exec_bits(modes_from: Path | None) -> ExecBits:
+    """Which files are executable: as in the upstream wheel `modes_from` (files the patches
+    added: not executable), else as on disk. Build systems (Bazel) mark every output file
+    executable, so the disk is only trusted when there is no upstream wheel to ask."""
+    if modes_from is None:
+        return lambda rel, full: bool(full.stat().st_mode & 0o111)
+    with zipfile.ZipFile(modes_from) as zf:
+        executable = {i.filename for i in zf.infolist() if (i.external_attr >> 16) & 0o111}
+    return lambda rel, full: rel in executable
+
+
+def content_digest(tree: Path, dist: DistInfo, is_exec: ExecBits | None = None) -> str:
     """sha256 over every file outside the dist-info (path, exec bit, content): names the patched content."""
+    is_exec = is_exec or exec_bits(None)
     digest = hashlib.sha256()
     for rel, full in sorted(list_tree_files(tree).items()):
         if rel.split("/", 1)[0] == dist.dirname:
             continue
-        executable = "x" if full.stat().st_mode & 0o111 else "-"
+        executable = "x" if is_exec(rel, full) else "-"
         digest.update(f"{rel}\0{executable}\0{sha256_file(full)}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
@@ -274,12 +289,14 @@ def _zip_date_time() -> tuple[int, int, int, int, int, int]:
     return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec - t.tm_sec % 2)
 
 
-def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LABEL) -> Path:
+def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LABEL,
+                 modes_from: Path | None = None) -> Path:
     """Zip a patched wheel tree as `<name>-<version>+<label>.<8 hex>-<tags>.whl` in out_dir.
 
     Deterministic: entries sorted (dist-info last, RECORD very last, as the wheel spec
     recommends), timestamps from SOURCE_DATE_EPOCH (or 1980), modes 0644/0755, deflate level 6,
-    no directory entries. Returns the wheel path.
+    no directory entries; exec bits from the upstream wheel `modes_from` when given (see
+    exec_bits). Returns the wheel path.
     """
     if not tree.is_dir():
         raise UserError(f"--tree {tree}: not a directory; pass the patched tree written by `patch_gate.py apply --out-dir`")
@@ -292,12 +309,13 @@ def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LAB
     tags = sorted(line.split(":", 1)[1].strip() for line in wheel_meta.splitlines() if line.startswith("Tag:"))
     if not tags:
         raise UserError(f"{tree / dist.dirname / 'WHEEL'}: no Tag line; the tree is not an unpacked wheel")
-    new_version = f"{dist.version}+{local_label}.{content_digest(tree, dist)[:8]}"
+    is_exec = exec_bits(modes_from)
+    new_version = f"{dist.version}+{local_label}.{content_digest(tree, dist, is_exec)[:8]}"
     new_dirname = _dist_info_dirname(dist.name, new_version)
     tag_text = _compressed_tags(tags)
     wheel_name = f"{re.sub(r'[-_.]+', '_', dist.name).lower()}-{new_version}-{tag_text}.whl"
 
-    members = _repacked_members(tree, dist, new_dirname, new_version)
+    members = _repacked_members(tree, dist, new_dirname, new_version, is_exec)
     date_time = _zip_date_time()
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{wheel_name}.", suffix=".tmp", dir=out_dir)
@@ -323,7 +341,8 @@ def _compressed_tags(tags: list[str]) -> str:
     return f"{'.'.join(pythons)}-{'.'.join(abis)}-{'.'.join(platforms)}"
 
 
-def _repacked_members(tree: Path, dist: DistInfo, new_dirname: str, new_version: str) -> list[tuple[str, bytes, bool]]:
+def _repacked_members(tree: Path, dist: DistInfo, new_dirname: str, new_version: str,
+                      is_exec: ExecBits) -> list[tuple[str, bytes, bool]]:
     """(archive path, bytes, executable) in archive order, with METADATA and RECORD rewritten."""
     body: list[tuple[str, bytes, bool]] = []
     meta: list[tuple[str, bytes, bool]] = []
@@ -331,7 +350,7 @@ def _repacked_members(tree: Path, dist: DistInfo, new_dirname: str, new_version:
         if full.is_symlink():
             raise UserError(f"wheel tree {tree}: {rel} is a symlink; wheels carry no symlinks")
         top, _, rest = rel.partition("/")
-        executable = bool(full.stat().st_mode & 0o111)
+        executable = is_exec(rel, full)
         if top != dist.dirname:
             body.append((rel, full.read_bytes(), executable))
             continue

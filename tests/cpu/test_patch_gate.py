@@ -548,6 +548,25 @@ def test_repack_is_deterministic_and_consistent(applied: dict[str, Path], tmp_pa
     assert wheel_repack.content_digest(changed, dist)[:8] != match.group(1)
 
 
+def test_repack_takes_exec_bits_from_the_upstream_wheel(applied: dict[str, Path], fi_wheel: Path,
+                                                       tmp_path: Path) -> None:
+    """Bazel marks every output file executable: the repack must not carry that into the wheel
+    (nor into its version digest), so exec bits come from the upstream wheel."""
+    tree = tmp_path / "tree"
+    shutil.copytree(applied["out"], tree)
+    plain = wheel_repack.repack_wheel(tree, tmp_path / "plain", modes_from=fi_wheel)
+    for f in tree.rglob("*"):
+        if f.is_file():
+            f.chmod(0o555)  # as a Bazel tree artifact
+    bazelish = wheel_repack.repack_wheel(tree, tmp_path / "bazel", modes_from=fi_wheel)
+    assert plain.name == bazelish.name and plain.read_bytes() == bazelish.read_bytes()
+    with zipfile.ZipFile(fi_wheel) as up, zipfile.ZipFile(bazelish) as out:
+        upstream = {i.filename: bool((i.external_attr >> 16) & 0o111) for i in up.infolist()}
+        for info in out.infolist():
+            if info.filename in upstream:
+                assert bool((info.external_attr >> 16) & 0o111) == upstream[info.filename], info.filename
+
+
 def test_repacked_wheel_passes_the_gate_untouched(applied: dict[str, Path], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = gate(capsys, "repack-wheel", "--tree", applied["out"], "--out-dir", tmp_path / "wheel",
