@@ -98,7 +98,8 @@ def _kernel_cache_impl(ctx):
     }
     common = ["--cuda-home", cuda_home, "--host-root", host_root]
     plan_file = ctx.file.plan_file
-    base_inputs = depset([plan_file], transitive = [tool_files])
+    # The toolchain fingerprint (nvcc, host compilers) is in every action's key.
+    base_inputs = depset([plan_file, ctx.file._toolchain_fingerprint], transitive = [tool_files])
 
     def run(args, inputs, outputs, mnemonic, progress, **kwargs):
         ctx.actions.run(
@@ -227,6 +228,7 @@ _kernel_cache = rule(
         "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),
         "_host_root": attr.label(default = "//kernel_cache:host_root"),
         "_only": attr.label(default = "//kernel_cache:only"),
+        "_toolchain_fingerprint": attr.label(allow_single_file = True, default = "@kimi_cuda_toolchain//:fingerprint.txt"),
         "_tool_srcs": attr.label_list(
             allow_files = True,
             default = ["//tools:__init__.py", "//tools:errors.py", "//tools:kernel_cache.py"],
