@@ -58,7 +58,7 @@ def _tool_attrs(srcs):
     return {"_tool_srcs": attr.label_list(default = srcs, allow_files = [".py"])}
 
 _LAYER_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS)
-_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools:rootfs.py"])
+_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools:digests.py", "//tools:rootfs.py"])
 _SBOM_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:sbom.py"])
 _IMAGE_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS)
 _PUSH_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:oci_push.py"])

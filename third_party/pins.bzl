@@ -50,6 +50,7 @@ _pinned_file = repository_rule(
             "//tools:fetch.py",
             "//tools:lockfile.py",
             "//tools:errors.py",
+            "//tools:digests.py",
         ]),
     },
     environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],

@@ -45,6 +45,7 @@ if __package__ in (None, ""):
 
 from tools import lockfile  # noqa: E402
 from tools.errors import UserError, run_cli  # noqa: E402
+from tools.digests import sha256_file
 from tools.lockfile import FilePin, GitDiffPin, GitTreePin, Lock, Pin  # noqa: E402
 
 CHUNK = 1 << 20
@@ -114,12 +115,6 @@ class Progress:
               f"({human_bytes(self.done / max(elapsed, 1e-6))}/s)", file=self.stream, flush=True)
 
 
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -228,7 +223,7 @@ class Cache:
         path = self.cas_path(sha256)
         if not path.exists():
             return None
-        actual = sha256_of_file(path)
+        actual = sha256_file(path)
         if actual != sha256:
             raise UserError(f"{what}: cached file {path} is corrupt: expected sha256 {sha256}, actual {actual}; "
                             f"remove it with `{evict_hint}` (or delete the file) and fetch again")
@@ -517,7 +512,7 @@ def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], t
             raise git_diff_missing(pin, failures)
         with cache.temp_file(pin.sha256) as (tmp, out):
             write_canonical_diff(cache_repo, pin.parent, pin.commit, out)
-            actual = sha256_of_file(tmp)
+            actual = sha256_file(tmp)
             if actual != pin.sha256:
                 raise UserError(f"pin '{pin.name}': canonical diff {pin.parent[:12]}..{pin.commit[:12]} generated "
                                 f"by {git_version()} has sha256 {actual}, expected {pin.sha256}; the trees matched, so "
@@ -554,7 +549,7 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
             git(["archive", "--format=tar", pin.commit], git_dir=cache_repo, config=["tar.umask=0022"], stdout=out)
             out.flush()
             os.fsync(out.fileno())
-            sha256 = sha256_of_file(tmp)
+            sha256 = sha256_file(tmp)
             # Always rename: a same-named entry is either identical or corrupt, and this one is fresh.
             entry = cache.commit(tmp, sha256)
         lockfile.atomic_write_text(index, sha256 + "\n")
@@ -662,7 +657,7 @@ def mirror_git_repo(cache: Cache, repository: str, commits: Sequence[str], mirro
 
 def mirror_file(src: Path, dest: Path, sha256: str) -> bool:
     """Copy a verified file into the mirror unless an identical one is there; True if written."""
-    if dest.is_file() and sha256_of_file(dest) == sha256:
+    if dest.is_file() and sha256_file(dest) == sha256:
         return False
     place_file(src, dest, link=False)
     return True
@@ -790,7 +785,7 @@ def cmd_add_git_diff(ctx: Context, args: argparse.Namespace) -> int:
         fetch_commits(cache_repo, str(cache_repo), [parent])
         with ctx.cache.temp_file(f"diff-{args.commit}") as (tmp, out):
             write_canonical_diff(cache_repo, parent, args.commit, out)
-            sha256 = sha256_of_file(tmp)
+            sha256 = sha256_file(tmp)
             ctx.cache.commit(tmp, sha256)
         entry = {
             "kind": "git_diff", "repository": args.repository,

@@ -20,7 +20,6 @@ flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache. Needs root (
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.errors import UserError, run_cli
+from tools.digests import sha256_file
 from tools.oci_image import blob_path, read_index_manifest
 from tools.oci_layer import SITE_PACKAGES
 
@@ -128,12 +128,6 @@ def inside(rootfs: Path, image_path: str, _hops: int = 0) -> Path:
     return rootfs.joinpath(*resolved)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_manifest(rootfs: Path, manifest_path: Path, report: SmokeReport) -> None:

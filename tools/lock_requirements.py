@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.errors import UserError, run_cli
-from tools.fetch import sha256_of_file
+from tools.digests import sha256_file
 
 HEADER = """\
 # Hashed lock of the venv that runs this project's tools and tests (the Bazel Python toolchain,
@@ -33,7 +33,7 @@ HEADER = """\
 
 
 def _sha256_of_local(url: str) -> str:
-    return sha256_of_file(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)))
+    return sha256_file(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)))
 
 
 def resolve(requirements_in: Path, isolated: bool = False) -> list[tuple[str, str, str]]:

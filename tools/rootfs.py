@@ -34,6 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.errors import UserError, run_cli
+from tools.digests import sha256_file
 from tools.oci_layer import SITE_PACKAGES, source_date_epoch
 
 DEFAULT_SUITE = "bookworm"
@@ -50,12 +51,6 @@ def cache_root() -> Path:
     return Path(xdg) / "kimi-k3-build"
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -102,7 +97,7 @@ def debian_rootfs(out: Path, suite: str, mirror: str, include: Sequence[str], va
         print(f"[rootfs] built {cached} ({cached.stat().st_size >> 20} MiB) in "
               f"{time.monotonic() - started:.0f} s", file=sys.stderr)
     link_or_copy(cached, out)
-    return file_sha256(out)
+    return sha256_file(out)
 
 
 # ---------------------------------------------------------------- pull by digest

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from tools.errors import UserError
+from tools.digests import sha256_file
 
 # Zip timestamps cannot predate 1980-01-01 00:00:00 UTC.
 ZIP_EPOCH_MIN = 315532800
@@ -48,15 +49,6 @@ class DistInfo:
     dirname: str
     name: str
     version: str
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks (wheel trees hold multi-MB headers)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_member_path(name: str, origin: str) -> PurePosixPath:
