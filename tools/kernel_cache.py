@@ -65,6 +65,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).absolute().parent.parent))
 
 from tools.errors import UserError, run_cli
+from tools.digests import sha256_file
 
 PLAN_SCHEMA = 1
 CACHE_JSON_SCHEMA = 1
@@ -98,14 +99,6 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Digests
 # --------------------------------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _tree_files(root: Path, skip: Callable[[Path], bool]) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
