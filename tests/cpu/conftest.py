@@ -6,6 +6,7 @@ report there lets .ci/run count test cases (not just targets) from bazel-testlog
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +15,15 @@ def pytest_configure(config: pytest.Config) -> None:
     xml = os.environ.get("XML_OUTPUT_FILE")
     if xml and not getattr(config.option, "xmlpath", None):
         config.option.xmlpath = xml
+
+
+def artifact(var: str) -> Path:
+    """A real upstream artifact named by an environment variable (Bazel sets it from a pin, see
+    tests/defs.bzl `artifacts`); unset or missing fails the test loudly, never skips it."""
+    value = os.environ.get(var)
+    if not value:
+        pytest.fail(f"{var} is unset: Bazel sets it from the pinned artifact; for a local run export it to the file")
+    path = Path(value)
+    if not path.is_file():
+        pytest.fail(f"{var}={value} is not a file: point it at the pinned artifact")
+    return path

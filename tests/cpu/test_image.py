@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from tests.cpu.conftest import artifact
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
@@ -239,10 +240,7 @@ def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
 
 
 def test_real_flashinfer_wheel_layer_is_reproducible(tmp_path: Path) -> None:
-    wheel = os.environ.get("KIMI_TEST_FLASHINFER_WHEEL")
-    if not wheel:
-        pytest.fail("KIMI_TEST_FLASHINFER_WHEEL is unset: point it at flashinfer_python-0.6.18-py3-none-any.whl "
-                    "(Bazel sets it from the pinned repository)")
+    wheel = str(artifact("KIMI_TEST_FLASHINFER_WHEEL"))
     d1, _ = build_layer(tmp_path / "o1", "fi", wheel=[wheel])
     d2, _ = build_layer(tmp_path / "o2", "fi", wheel=[wheel])
     assert json.loads(d1.read_text())["digest"] == json.loads(d2.read_text())["digest"]

@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a plain script (py_test main) from anywhere
     sys.path.insert(0, str(REPO))
 
+from tests.cpu.conftest import artifact  # noqa: E402
 from tools import patch_gate, wheel_repack  # noqa: E402
 from tools.errors import run_cli  # noqa: E402
+
 FI_LAYOUT = REPO / "flashinfer_patches" / "wheel_layout.json"
 SGL_LAYOUT = REPO / "sglang_patches" / "wheel_layout.json"
 LOCK = REPO / "third_party" / "pins.lock.json"
@@ -41,28 +43,17 @@ BINDING_WHEEL = "flashinfer/data/" + BINDING_SRC
 TEST_SRC = "tests/moe/test_fixture_situ.py"
 
 
-def env_path(var: str) -> Path:
-    """A real artifact named by an environment variable; unset or missing fails the test loudly."""
-    value = os.environ.get(var)
-    if not value:
-        pytest.fail(f"{var} is unset: Bazel sets it from the pinned wheel; for a local run export it to the wheel path")
-    path = Path(value)
-    if not path.is_file():
-        pytest.fail(f"{var}={value} is not a file")
-    return path
-
-
 # ----------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
 def fi_wheel() -> Path:
-    return env_path("KIMI_TEST_FLASHINFER_WHEEL")
+    return artifact("KIMI_TEST_FLASHINFER_WHEEL")
 
 
 @pytest.fixture(scope="module")
 def sgl_wheel() -> Path:
-    return env_path("KIMI_TEST_SGLANG_WHEEL")
+    return artifact("KIMI_TEST_SGLANG_WHEEL")
 
 
 @pytest.fixture(scope="module")
@@ -443,7 +434,7 @@ def test_default_manifest_agrees_with_lock_and_pinned_wheel(fi_tree: Path) -> No
 
 
 def test_pypi_series_matches_committed_manifest(capsys: pytest.CaptureFixture[str]) -> None:
-    wheel = env_path("KIMI_TEST_FLASHINFER_PYPI_WHEEL")
+    wheel = artifact("KIMI_TEST_FLASHINFER_PYPI_WHEEL")
     rc, out, err = gate(capsys, "check", "--series", REPO / "flashinfer_patches" / "pypi.series", "--target", wheel,
                         "--layout", FI_LAYOUT, "--lock", LOCK, "--target-pin", "flashinfer-python-0.7.2",
                         "--expected-manifest", REPO / "flashinfer_patches" / "pypi.manifest.json")
@@ -461,7 +452,7 @@ def test_pypi_wheel_already_has_situ_cutlass_api(fi_wheel: Path) -> None:
         members = [t.id for s in enum.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)]
         return [a.arg for a in function.args.kwonlyargs], members
 
-    kwonly, members = situ_api(env_path("KIMI_TEST_FLASHINFER_PYPI_WHEEL"))
+    kwonly, members = situ_api(artifact("KIMI_TEST_FLASHINFER_PYPI_WHEEL"))
     assert {"situ_beta", "situ_linear_beta"} <= set(kwonly) and "Situ" in members
     kwonly_0618, _ = situ_api(fi_wheel)
     assert "situ_beta" not in kwonly_0618, "0.6.18 should need #4460"
@@ -498,7 +489,7 @@ def test_sglang_wheel_fixture_patch_against_source_layout(sgl_wheel: Path, tmp_p
 def test_committed_sglang_series_matches_its_manifest(stack: str, pin: str, wheel_var: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """The project's SGLang patches still apply to the pinned wheel and change exactly what was reviewed."""
-    wheel = env_path(wheel_var)
+    wheel = artifact(wheel_var)
     series = REPO / "sglang_patches" / f"{stack}.series"
     expected = REPO / "sglang_patches" / f"{stack}.manifest.json"
     if not series.exists() or not expected.exists():

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.cpu.conftest import artifact
 
 # absolute(), not resolve(): under Bazel the runfiles tree (with its declared data) is the root.
 ROOT = Path(__file__).absolute().parents[2]
@@ -78,16 +79,6 @@ def _load_harness() -> Any:
 HARNESS_MODULE = _load_harness()
 FIX_CHECKS = sorted(HARNESS_MODULE.FIX_CHECKS)
 INVARIANT_CHECKS = sorted(HARNESS_MODULE.INVARIANT_CHECKS)
-
-
-def wheel_from_env(variable: str, what: str) -> Path:
-    value = os.environ.get(variable)
-    if not value:
-        pytest.fail(f"{variable} is unset: point it at the {what} wheel (Bazel sets it from the lock)")
-    path = Path(value)
-    if not path.is_file():
-        pytest.fail(f"{variable}={value} is not a file: point it at the {what} wheel")
-    return path
 
 
 def unpack_python_sources(wheel: Path, dest: Path, package: str, version: str) -> None:
@@ -155,7 +146,7 @@ def stack_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     stack = STACKS[request.param]
     work = tmp_path_factory.mktemp(f"sglang-{stack.version}")
     unpatched, patched = work / "unpatched", work / "patched"
-    wheel = wheel_from_env(stack.wheel_env, f"sglang {stack.version}")
+    wheel = artifact(stack.wheel_env)
     unpack_python_sources(wheel, unpatched, "sglang", stack.version)
     shutil.copytree(unpatched, patched)
     for patch in read_series(PATCH_DIR / stack.series):
@@ -229,7 +220,7 @@ def test_capability_check_on_real_flashinfer(
     # Each stack against the FlashInfer wheel it ships (the default stack's before #4460).
     variable = stack_run.stack.flashinfer_env
     version, has_situ = FLASHINFER_WHEELS[variable]
-    unpack_python_sources(wheel_from_env(variable, f"flashinfer-python {version}"), tmp_path, "flashinfer", version)
+    unpack_python_sources(artifact(variable), tmp_path, "flashinfer", version)
     probe = run_harness(stack_run.patched_tree, tmp_path / "probe.json", "--real-flashinfer", str(tmp_path))
     report(capsys, f"\n  sglang {stack_run.stack.version} + flashinfer {probe['version']}: {probe['detail'][:120]}")
     assert probe["version"] == version
