@@ -27,6 +27,9 @@ equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cac
 load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
 
 ARCHS = {"12.0f": "120f", "9.0a": "90a"}
+
+# tools/kernel_cache.py SPEC_SCHEMA: the spec files' format version.
+SPEC_SCHEMA = 1
 VARIANTS = ["full", "lean"]
 
 # Checked-in plans: (arch, variant) -> plan file. 9.0a lean is not planned (no Hopper use).
@@ -98,8 +101,11 @@ def _kernel_cache_impl(ctx):
     }
     common = ["--cuda-home", cuda_home, "--host-root", host_root]
     plan_file = ctx.file.plan_file
-    # The toolchain fingerprint (nvcc, host compilers) is in every action's key.
-    base_inputs = depset([plan_file, ctx.file._toolchain_fingerprint], transitive = [tool_files])
+    # The toolchain fingerprint (nvcc, host compilers) is in every action's key. The plan file is
+    # not: compile and link actions read their own entry (a spec file written below, same fields
+    # as tools/kernel_cache.py object_spec/link_spec), so lean and full share identical objects
+    # and a regenerated plan recompiles only the objects whose command changed.
+    base_inputs = depset([ctx.file._toolchain_fingerprint], transitive = [tool_files])
 
     def run(args, inputs, outputs, mnemonic, progress, **kwargs):
         ctx.actions.run(
@@ -140,7 +146,7 @@ def _kernel_cache_impl(ctx):
                     "--out",
                     gen_dir.path,
                 ],
-                [tree, ctx.file.modules],
+                [tree, ctx.file.modules, plan_file],
                 [gen_dir],
                 "KernelCacheGen",
                 "Generating FlashInfer sources of %s (%d files)" % (name, len(module["gen_files"])),
@@ -150,15 +156,19 @@ def _kernel_cache_impl(ctx):
         for obj in module["objects"]:
             index += 1
             out = ctx.actions.declare_file("%s/%s_objs/%s" % (ctx.label.name, name, obj["out"]))
+            spec = ctx.actions.declare_file("%s/%s_specs/%s.json" % (ctx.label.name, name, obj["out"]))
+            ctx.actions.write(spec, json.encode({
+                "spec": "object",
+                "schema_version": SPEC_SCHEMA,
+                "module": name,
+                "nvcc_release": plan["nvcc_release"],
+                "object": {k: v for k, v in obj.items() if k != "mem_mb"},
+            }))
             args = ["compile-object"] + common + [
                 "--flashinfer-tree",
                 tree.path,
-                "--plan",
-                plan_file.path,
-                "--module",
-                name,
-                "--object",
-                obj["out"],
+                "--spec",
+                spec.path,
                 "--out",
                 out.path,
             ]
@@ -166,7 +176,7 @@ def _kernel_cache_impl(ctx):
                 args += ["--gen-dir", gen_dir.path]
             run(
                 args,
-                [tree] + gen_inputs,
+                [tree, spec] + gen_inputs,
                 [out],
                 "KernelCacheCompile",
                 # Bazel has no global counter; the object's index in the wired plan stands in.
@@ -176,18 +186,25 @@ def _kernel_cache_impl(ctx):
             )
             objects.append(out)
         so = ctx.actions.declare_file("%s/%s.so" % (ctx.label.name, name))
+        link_spec = ctx.actions.declare_file("%s/%s_specs/link.json" % (ctx.label.name, name))
+        ctx.actions.write(link_spec, json.encode({
+            "spec": "link",
+            "schema_version": SPEC_SCHEMA,
+            "module": name,
+            "nvcc_release": plan["nvcc_release"],
+            "link": module["link"],
+            "objects": [o["out"] for o in module["objects"]],
+        }))
         run(
             ["link-module"] + common + [
-                "--plan",
-                plan_file.path,
-                "--module",
-                name,
+                "--spec",
+                link_spec.path,
                 "--objects-dir",
                 objects[0].dirname,
                 "--out",
                 so.path,
             ],
-            objects,
+            objects + [link_spec],
             [so],
             "KernelCacheLink",
             "Linking FlashInfer module %s (%d objects)" % (name, len(objects)),
@@ -201,7 +218,7 @@ def _kernel_cache_impl(ctx):
     out_dir = ctx.actions.declare_directory(ctx.label.name + "_aot")
     run(
         assemble_args + ["--out", out_dir.path],
-        module_sos,
+        module_sos + [plan_file],
         [out_dir],
         "KernelCacheAssemble",
         "Assembling FlashInfer AOT cache %s (%d modules, %d objects)" % (ctx.label.name, len(module_sos), total),
@@ -222,7 +239,7 @@ _kernel_cache = rule(
     implementation = _kernel_cache_impl,
     attrs = {
         "plan_json": attr.string(mandatory = True, doc = "the selected plan, as JSON"),
-        "plan_file": attr.label(allow_single_file = True, mandatory = True, doc = "the same plan's file (an input of every action)"),
+        "plan_file": attr.label(allow_single_file = True, mandatory = True, doc = "the same plan's file (read by gen-sources and assemble; compile and link read spec files)"),
         "modules": attr.label(allow_single_file = True, default = "//kernel_cache:modules.json"),
         "flashinfer_tree": attr.label(mandatory = True, providers = [OutputGroupInfo], doc = "patched_tree target (output group tree)"),
         "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),

@@ -954,7 +954,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group0.generated.cu"
     },
@@ -1025,7 +1025,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group1.generated.cu"
     },
@@ -1096,7 +1096,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group10.generated.cu"
     },
@@ -1167,7 +1167,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group11.generated.cu"
     },
@@ -1238,7 +1238,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group12.generated.cu"
     },
@@ -1309,7 +1309,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group13.generated.cu"
     },
@@ -1380,7 +1380,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group14.generated.cu"
     },
@@ -1451,7 +1451,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group15.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group15.generated.cu"
     },
@@ -1522,7 +1522,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group16.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group16.generated.cu"
     },
@@ -1593,7 +1593,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group17.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group17.generated.cu"
     },
@@ -1664,7 +1664,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group18.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group18.generated.cu"
     },
@@ -1735,7 +1735,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group19.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group19.generated.cu"
     },
@@ -1806,7 +1806,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group2.generated.cu"
     },
@@ -1877,7 +1877,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group20.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group20.generated.cu"
     },
@@ -1948,7 +1948,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group21.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group21.generated.cu"
     },
@@ -2019,7 +2019,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group22.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group22.generated.cu"
     },
@@ -2090,7 +2090,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group23.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group23.generated.cu"
     },
@@ -2161,7 +2161,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group24.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group24.generated.cu"
     },
@@ -2232,7 +2232,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group25.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group25.generated.cu"
     },
@@ -2303,7 +2303,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group26.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group26.generated.cu"
     },
@@ -2374,7 +2374,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group27.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group27.generated.cu"
     },
@@ -2445,7 +2445,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group28.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group28.generated.cu"
     },
@@ -2516,7 +2516,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group29.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group29.generated.cu"
     },
@@ -2587,7 +2587,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group3.generated.cu"
     },
@@ -2658,7 +2658,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group30.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group30.generated.cu"
     },
@@ -2729,7 +2729,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group31.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group31.generated.cu"
     },
@@ -2800,7 +2800,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group32.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group32.generated.cu"
     },
@@ -2871,7 +2871,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group33.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group33.generated.cu"
     },
@@ -2942,7 +2942,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group34.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group34.generated.cu"
     },
@@ -3013,7 +3013,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group35.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group35.generated.cu"
     },
@@ -3084,7 +3084,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group36.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group36.generated.cu"
     },
@@ -3155,7 +3155,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group37.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group37.generated.cu"
     },
@@ -3226,7 +3226,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group38.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group38.generated.cu"
     },
@@ -3297,7 +3297,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group39.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group39.generated.cu"
     },
@@ -3368,7 +3368,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group4.generated.cu"
     },
@@ -3439,7 +3439,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group40.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group40.generated.cu"
     },
@@ -3510,7 +3510,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group41.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group41.generated.cu"
     },
@@ -3581,7 +3581,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group42.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group42.generated.cu"
     },
@@ -3652,7 +3652,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group43.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group43.generated.cu"
     },
@@ -3723,7 +3723,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group44.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group44.generated.cu"
     },
@@ -3794,7 +3794,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group45.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group45.generated.cu"
     },
@@ -3865,7 +3865,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group46.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group46.generated.cu"
     },
@@ -3936,7 +3936,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group47.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group47.generated.cu"
     },
@@ -4007,7 +4007,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group48.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group48.generated.cu"
     },
@@ -4078,7 +4078,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group49.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group49.generated.cu"
     },
@@ -4149,7 +4149,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group5.generated.cu"
     },
@@ -4220,7 +4220,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group50.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group50.generated.cu"
     },
@@ -4291,7 +4291,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group51.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group51.generated.cu"
     },
@@ -4362,7 +4362,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group52.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group52.generated.cu"
     },
@@ -4433,7 +4433,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group53.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group53.generated.cu"
     },
@@ -4504,7 +4504,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group54.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group54.generated.cu"
     },
@@ -4575,7 +4575,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group55.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group55.generated.cu"
     },
@@ -4646,7 +4646,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group56.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group56.generated.cu"
     },
@@ -4717,7 +4717,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group57.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group57.generated.cu"
     },
@@ -4788,7 +4788,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group58.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group58.generated.cu"
     },
@@ -4859,7 +4859,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group59.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group59.generated.cu"
     },
@@ -4930,7 +4930,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group6.generated.cu"
     },
@@ -5001,7 +5001,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group60.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group60.generated.cu"
     },
@@ -5072,7 +5072,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group61.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group61.generated.cu"
     },
@@ -5143,7 +5143,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group62.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group62.generated.cu"
     },
@@ -5214,7 +5214,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group63.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group63.generated.cu"
     },
@@ -5285,7 +5285,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group64.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group64.generated.cu"
     },
@@ -5356,7 +5356,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group65.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group65.generated.cu"
     },
@@ -5427,7 +5427,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group66.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group66.generated.cu"
     },
@@ -5498,7 +5498,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group67.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group67.generated.cu"
     },
@@ -5569,7 +5569,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group68.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group68.generated.cu"
     },
@@ -5640,7 +5640,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group69.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group69.generated.cu"
     },
@@ -5711,7 +5711,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group7.generated.cu"
     },
@@ -5782,7 +5782,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group70.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group70.generated.cu"
     },
@@ -5853,7 +5853,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group71.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group71.generated.cu"
     },
@@ -5924,7 +5924,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group8.generated.cu"
     },
@@ -5995,7 +5995,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group9.generated.cu"
     },
@@ -6066,7 +6066,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group0.generated.cu"
     },
@@ -6137,7 +6137,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group1.generated.cu"
     },
@@ -6208,7 +6208,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group10.generated.cu"
     },
@@ -6279,7 +6279,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group11.generated.cu"
     },
@@ -6350,7 +6350,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group12.generated.cu"
     },
@@ -6421,7 +6421,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group13.generated.cu"
     },
@@ -6492,7 +6492,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group14.generated.cu"
     },
@@ -6563,7 +6563,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group15.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group15.generated.cu"
     },
@@ -6634,7 +6634,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group16.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group16.generated.cu"
     },
@@ -6705,7 +6705,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group17.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group17.generated.cu"
     },
@@ -6776,7 +6776,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group18.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group18.generated.cu"
     },
@@ -6847,7 +6847,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group19.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group19.generated.cu"
     },
@@ -6918,7 +6918,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group2.generated.cu"
     },
@@ -6989,7 +6989,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group20.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group20.generated.cu"
     },
@@ -7060,7 +7060,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group21.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group21.generated.cu"
     },
@@ -7131,7 +7131,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group22.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group22.generated.cu"
     },
@@ -7202,7 +7202,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group23.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group23.generated.cu"
     },
@@ -7273,7 +7273,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group24.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group24.generated.cu"
     },
@@ -7344,7 +7344,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group25.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group25.generated.cu"
     },
@@ -7415,7 +7415,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group26.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group26.generated.cu"
     },
@@ -7486,7 +7486,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group27.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group27.generated.cu"
     },
@@ -7557,7 +7557,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group28.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group28.generated.cu"
     },
@@ -7628,7 +7628,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group29.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group29.generated.cu"
     },
@@ -7699,7 +7699,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group3.generated.cu"
     },
@@ -7770,7 +7770,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group30.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group30.generated.cu"
     },
@@ -7841,7 +7841,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group31.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group31.generated.cu"
     },
@@ -7912,7 +7912,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group32.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group32.generated.cu"
     },
@@ -7983,7 +7983,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group33.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group33.generated.cu"
     },
@@ -8054,7 +8054,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group34.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group34.generated.cu"
     },
@@ -8125,7 +8125,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group4.generated.cu"
     },
@@ -8196,7 +8196,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group5.generated.cu"
     },
@@ -8267,7 +8267,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group6.generated.cu"
     },
@@ -8338,7 +8338,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group7.generated.cu"
     },
@@ -8409,7 +8409,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group8.generated.cu"
     },
@@ -8480,7 +8480,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M128_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M128_group9.generated.cu"
     },
@@ -8551,7 +8551,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group0.generated.cu"
     },
@@ -8622,7 +8622,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group1.generated.cu"
     },
@@ -8693,7 +8693,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group10.generated.cu"
     },
@@ -8764,7 +8764,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group11.generated.cu"
     },
@@ -8835,7 +8835,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group12.generated.cu"
     },
@@ -8906,7 +8906,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group13.generated.cu"
     },
@@ -8977,7 +8977,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group14.generated.cu"
     },
@@ -9048,7 +9048,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group2.generated.cu"
     },
@@ -9119,7 +9119,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group3.generated.cu"
     },
@@ -9190,7 +9190,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group4.generated.cu"
     },
@@ -9261,7 +9261,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group5.generated.cu"
     },
@@ -9332,7 +9332,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group6.generated.cu"
     },
@@ -9403,7 +9403,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group7.generated.cu"
     },
@@ -9474,7 +9474,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group8.generated.cu"
     },
@@ -9545,7 +9545,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_Mixed_group9.generated.cu"
     },
@@ -9616,7 +9616,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group0.generated.cu"
     },
@@ -9687,7 +9687,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group1.generated.cu"
     },
@@ -9758,7 +9758,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group2.generated.cu"
     },
@@ -9829,7 +9829,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group3.generated.cu"
     },
@@ -9900,7 +9900,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group4.generated.cu"
     },
@@ -9971,7 +9971,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group5.generated.cu"
     },
@@ -10042,7 +10042,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group6.generated.cu"
     },
@@ -10113,7 +10113,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group7.generated.cu"
     },
@@ -10184,7 +10184,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group8.generated.cu"
     },
@@ -10255,7 +10255,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M256_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M256_group9.generated.cu"
     },
@@ -10326,7 +10326,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group0.generated.cu"
     },
@@ -10397,7 +10397,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group1.generated.cu"
     },
@@ -10468,7 +10468,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group10.generated.cu"
     },
@@ -10539,7 +10539,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group11.generated.cu"
     },
@@ -10610,7 +10610,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group12.generated.cu"
     },
@@ -10681,7 +10681,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group13.generated.cu"
     },
@@ -10752,7 +10752,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group14.generated.cu"
     },
@@ -10823,7 +10823,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group15.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group15.generated.cu"
     },
@@ -10894,7 +10894,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group16.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group16.generated.cu"
     },
@@ -10965,7 +10965,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group17.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group17.generated.cu"
     },
@@ -11036,7 +11036,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group18.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group18.generated.cu"
     },
@@ -11107,7 +11107,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group19.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group19.generated.cu"
     },
@@ -11178,7 +11178,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group2.generated.cu"
     },
@@ -11249,7 +11249,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group20.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group20.generated.cu"
     },
@@ -11320,7 +11320,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group21.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group21.generated.cu"
     },
@@ -11391,7 +11391,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group22.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group22.generated.cu"
     },
@@ -11462,7 +11462,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group23.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group23.generated.cu"
     },
@@ -11533,7 +11533,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group24.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group24.generated.cu"
     },
@@ -11604,7 +11604,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group25.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group25.generated.cu"
     },
@@ -11675,7 +11675,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group26.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group26.generated.cu"
     },
@@ -11746,7 +11746,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group27.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group27.generated.cu"
     },
@@ -11817,7 +11817,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group28.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group28.generated.cu"
     },
@@ -11888,7 +11888,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group29.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group29.generated.cu"
     },
@@ -11959,7 +11959,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group3.generated.cu"
     },
@@ -12030,7 +12030,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group4.generated.cu"
     },
@@ -12101,7 +12101,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group5.generated.cu"
     },
@@ -12172,7 +12172,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group6.generated.cu"
     },
@@ -12243,7 +12243,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group7.generated.cu"
     },
@@ -12314,7 +12314,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group8.generated.cu"
     },
@@ -12385,7 +12385,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm_grouped/90/cutlass_kernel_file_gemm_grouped_sm90_M64_Mixed_group9.generated.cu"
     },
@@ -12456,7 +12456,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group0.generated.cu"
     },
@@ -12527,7 +12527,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group1.generated.cu"
     },
@@ -12598,7 +12598,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group10.generated.cu"
     },
@@ -12669,7 +12669,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group11.generated.cu"
     },
@@ -12740,7 +12740,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group12.generated.cu"
     },
@@ -12811,7 +12811,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group13.generated.cu"
     },
@@ -12882,7 +12882,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group14.generated.cu"
     },
@@ -12953,7 +12953,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group15.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group15.generated.cu"
     },
@@ -13024,7 +13024,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group16.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group16.generated.cu"
     },
@@ -13095,7 +13095,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group17.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group17.generated.cu"
     },
@@ -13166,7 +13166,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group18.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group18.generated.cu"
     },
@@ -13237,7 +13237,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group19.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group19.generated.cu"
     },
@@ -13308,7 +13308,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group2.generated.cu"
     },
@@ -13379,7 +13379,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group20.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group20.generated.cu"
     },
@@ -13450,7 +13450,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group21.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group21.generated.cu"
     },
@@ -13521,7 +13521,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group22.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group22.generated.cu"
     },
@@ -13592,7 +13592,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group23.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group23.generated.cu"
     },
@@ -13663,7 +13663,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group24.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group24.generated.cu"
     },
@@ -13734,7 +13734,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group25.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group25.generated.cu"
     },
@@ -13805,7 +13805,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group26.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group26.generated.cu"
     },
@@ -13876,7 +13876,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group27.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group27.generated.cu"
     },
@@ -13947,7 +13947,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group28.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group28.generated.cu"
     },
@@ -14018,7 +14018,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group29.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group29.generated.cu"
     },
@@ -14089,7 +14089,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group3.generated.cu"
     },
@@ -14160,7 +14160,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group30.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group30.generated.cu"
     },
@@ -14231,7 +14231,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group31.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group31.generated.cu"
     },
@@ -14302,7 +14302,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group4.generated.cu"
     },
@@ -14373,7 +14373,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group5.generated.cu"
     },
@@ -14444,7 +14444,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group6.generated.cu"
     },
@@ -14515,7 +14515,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group7.generated.cu"
     },
@@ -14586,7 +14586,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group8.generated.cu"
     },
@@ -14657,7 +14657,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M128_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M128_group9.generated.cu"
     },
@@ -14728,7 +14728,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group0.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group0.generated.cu"
     },
@@ -14799,7 +14799,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group1.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group1.generated.cu"
     },
@@ -14870,7 +14870,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group10.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group10.generated.cu"
     },
@@ -14941,7 +14941,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group11.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group11.generated.cu"
     },
@@ -15012,7 +15012,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group12.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group12.generated.cu"
     },
@@ -15083,7 +15083,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group13.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group13.generated.cu"
     },
@@ -15154,7 +15154,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group14.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group14.generated.cu"
     },
@@ -15225,7 +15225,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group15.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group15.generated.cu"
     },
@@ -15296,7 +15296,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group2.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group2.generated.cu"
     },
@@ -15367,7 +15367,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group3.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group3.generated.cu"
     },
@@ -15438,7 +15438,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group4.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group4.generated.cu"
     },
@@ -15509,7 +15509,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group5.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group5.generated.cu"
     },
@@ -15580,7 +15580,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group6.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group6.generated.cu"
     },
@@ -15651,7 +15651,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group7.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group7.generated.cu"
     },
@@ -15722,7 +15722,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group8.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group8.generated.cu"
     },
@@ -15793,7 +15793,7 @@ KERNEL_CACHE_PLAN = {
       "@OUTPUT@"
      ],
      "kind": "cuda",
-     "mem_mb": 1500,
+     "mem_mb": 4000,
      "out": "90_cutlass_kernel_file_gemm_sm90_M64_group9.generated.cuda.o",
      "src": "@GEN@/cutlass_instantiations/90/gemm/90/cutlass_kernel_file_gemm_sm90_M64_group9.generated.cu"
     },

@@ -81,6 +81,11 @@ _LEAKY_ENV = ("CC", "CXX", "CUDA_PATH", "MAX_JOBS", "NVCC_APPEND_FLAGS", "NVCC_P
 # Rough peak RSS per object (MiB), used for the memory budget and Bazel resource hints. Measured
 # with nvcc 13.0 for 120f: SM120 grouped GEMM 7.6-8.6 GB, SM80 grouped GEMM 6.9 GB, SM90 GEMM
 # (guarded off for 120f) 1.2 GB, small modules <= 1.2 GB; the other entries are estimates.
+# For 9.x the 210 SM90 (grouped) GEMM objects are real code: 16 fused_moe_90 compiles at once
+# (10 biggest-first + 6 of these) peaked at 80 GB on the H200 host, so they get 4 GB there.
+_MEM_HINTS_BY_ARCH_MB: dict[str, tuple[tuple[str, int], ...]] = {
+    "9": (("gemm_grouped_sm90", 4000), ("gemm_sm90", 4000)),
+}
 _MEM_HINTS_MB: tuple[tuple[str, int], ...] = (
     ("gemm_grouped_sm120", 9000),
     ("gemm_grouped_sm100", 9000),
@@ -503,8 +508,8 @@ def _drop_depfile_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def _mem_hint(obj_name: str) -> int:
-    for needle, mb in _MEM_HINTS_MB:
+def _mem_hint(obj_name: str, arch: str) -> int:
+    for needle, mb in _MEM_HINTS_BY_ARCH_MB.get(arch.split(".")[0], ()) + _MEM_HINTS_MB:
         if needle in obj_name:
             return mb
     return _DEFAULT_MEM_MB
@@ -519,7 +524,7 @@ def placeholderize(arg: str, replacements: Sequence[tuple[str, str]]) -> str:
     return arg
 
 
-def plan_module(probe: Mapping[str, Any], mod: Mapping[str, Any]) -> dict[str, Any]:
+def plan_module(probe: Mapping[str, Any], mod: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """One module's plan entry from the probe's ninja text, with placeholders for host paths."""
     name = mod["name"]
     paths = probe["paths"]
@@ -542,7 +547,7 @@ def plan_module(probe: Mapping[str, Any], mod: Mapping[str, Any]) -> dict[str, A
             obj = Path(out).name
             objects.append({"out": obj, "src": placeholderize(src, replacements),
                             "kind": "cuda" if b.rule == "cuda_compile" else "cxx",
-                            "mem_mb": _mem_hint(obj), "args": argv})
+                            "mem_mb": _mem_hint(obj, arch), "args": argv})
         elif b.rule in ("link", "nvcc_link"):
             ins = set(b.inputs)
             argv = [a for a in argv if a not in ins]
@@ -710,7 +715,7 @@ def make_plan(tree: Path, modules_path: Path, arch: str, variant: str, tc: Toolc
     markers = check_markers(tree, decls) if enforce_markers else []
     log(f"probing {len(decls)} FlashInfer generators for arch {arch} ({variant})")
     probe = run_probe(tree, decls, arch, variant, tc, gen_out=gen_out, python=python)
-    modules = [plan_module(probe, m) for m in probe["modules"]]
+    modules = [plan_module(probe, m, arch) for m in probe["modules"]]
     return {
         "schema_version": PLAN_SCHEMA,
         "flashinfer_version": probe["flashinfer_version"],
@@ -939,6 +944,49 @@ def find_module(plan: Mapping[str, Any], name: str) -> dict[str, Any]:
         if m["name"] == name:
             return m
     raise UserError(f"--module {name}: not in the plan (has {[m['name'] for m in plan['modules']]})")
+
+
+# Per-action specs. A Bazel compile action reads only its own object's entry (not the whole
+# plan file), so its key is that object's command: lean and full plans share every identical
+# object, and regenerating a plan (a new module, a changed memory hint) recompiles only what
+# changed. mem_mb is left out: it schedules, it does not change bytes.
+SPEC_SCHEMA = 1
+
+
+def object_spec(plan: Mapping[str, Any], module_name: str, object_name: str) -> dict[str, Any]:
+    module = find_module(plan, module_name)
+    for o in module["objects"]:
+        if o["out"] == object_name:
+            return {"spec": "object", "schema_version": SPEC_SCHEMA, "module": module_name,
+                    "nvcc_release": plan["nvcc_release"],
+                    "object": {k: v for k, v in o.items() if k != "mem_mb"}}
+    raise UserError(f"--object {object_name}: not an object of {module_name}")
+
+
+def link_spec(plan: Mapping[str, Any], module_name: str) -> dict[str, Any]:
+    module = find_module(plan, module_name)
+    return {"spec": "link", "schema_version": SPEC_SCHEMA, "module": module_name,
+            "nvcc_release": plan["nvcc_release"], "link": module["link"],
+            "objects": [o["out"] for o in module["objects"]]}
+
+
+def read_spec(path: Path, kind: str) -> dict[str, Any]:
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--spec {path}: unreadable ({e}); it is written by kernel_cache/defs.bzl")
+    if not isinstance(spec, dict) or spec.get("spec") != kind or spec.get("schema_version") != SPEC_SCHEMA:
+        raise UserError(f"--spec {path}: not a {kind} spec of schema {SPEC_SCHEMA}; rebuild with "
+                        "this checkout's kernel_cache/defs.bzl")
+    return spec
+
+
+def _need(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name)
+    if value is None:
+        raise UserError(f"{args.cmd}: pass --spec, or --{name} (with --plan/--module"
+                        f"{'/--object' if args.cmd == 'compile-object' else ''})")
+    return value
 
 
 _NVCC_TEMP_NAME = re.compile(rb"tmpxft_[0-9a-f]{8}_")
@@ -1369,16 +1417,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("compile-object", help="compile one object of the plan (Bazel action)")
     _add_common(p)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--module", required=True)
-    p.add_argument("--object", required=True, help="object name as in the plan")
+    p.add_argument("--spec", type=Path,
+                   help="the object's own entry (written by defs.bzl; see object_spec) instead of "
+                        "--plan/--module/--object")
+    p.add_argument("--plan", type=Path)
+    p.add_argument("--module")
+    p.add_argument("--object", help="object name as in the plan")
     p.add_argument("--gen-dir", type=Path, help="the module's gen-sources output")
     p.add_argument("--out", type=Path, required=True)
 
     p = sub.add_parser("link-module", help="link one module .so (Bazel action)")
     _add_common(p, tree=False)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--module", required=True)
+    p.add_argument("--spec", type=Path,
+                   help="the module's link entry (written by defs.bzl; see link_spec) instead of "
+                        "--plan/--module")
+    p.add_argument("--plan", type=Path)
+    p.add_argument("--module")
     p.add_argument("--objects-dir", type=Path, required=True,
                    help="directory holding the module's objects under their plan names")
     p.add_argument("--out", type=Path, required=True)
@@ -1463,28 +1517,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0
     if args.cmd == "compile-object":
-        plan = read_plan(args.plan)
+        spec = (read_spec(args.spec, "object") if args.spec else
+                object_spec(read_plan(_need(args, "plan")), _need(args, "module"),
+                            _need(args, "object")))
         tc = _toolchain(args)
-        _check_nvcc(plan, tc)
-        module = find_module(plan, args.module)
-        objs = {o["out"]: (i, o) for i, o in enumerate(module["objects"])}
-        if args.object not in objs:
-            raise UserError(f"--object {args.object}: not an object of {args.module}")
-        i, obj = objs[args.object]
+        _check_nvcc(spec, tc)
+        module, obj = {"name": spec["module"]}, spec["object"]
+        args.module, args.object = spec["module"], obj["out"]
         if args.gen_dir is None and "@GEN@" in json.dumps(obj):
             raise UserError(f"--object {args.object}: uses generated sources; pass --gen-dir "
                             "(the gen-sources output of this module)")
         fill = Fill(check_tree(args.flashinfer_tree),
                     (args.gen_dir or Path("/nonexistent")).absolute(), tc)
-        log(f"{args.module}: compiling {args.object} ({i + 1}/{len(module['objects'])})")
+        log(f"{args.module}: compiling {args.object}")
         secs = compile_one(module, obj, fill, args.out.absolute(), args.nice)
         log(f"{args.module}: {args.object} done in {secs:.1f}s")
         return 0
     if args.cmd == "link-module":
-        plan = read_plan(args.plan)
+        spec = (read_spec(args.spec, "link") if args.spec else
+                link_spec(read_plan(_need(args, "plan")), _need(args, "module")))
         tc = _toolchain(args)
-        module = find_module(plan, args.module)
-        objects = [args.objects_dir.absolute() / o["out"] for o in module["objects"]]
+        _check_nvcc(spec, tc)
+        module = {"name": spec["module"], "link": spec["link"]}
+        objects = [args.objects_dir.absolute() / o for o in spec["objects"]]
         missing = [o.name for o in objects if not o.is_file()]
         if missing:
             raise UserError(f"--objects-dir {args.objects_dir}: missing {missing[:3]}")

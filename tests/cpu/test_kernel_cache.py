@@ -229,12 +229,24 @@ def test_bazel_action_chain_gives_the_same_module(env: dict[str, Any], tmp_path:
     assert kc.main(["gen-sources", *common, *tree, "--plan", str(plan_file), "--modules",
                     str(env["modules"]), "--module", "silu_and_mul", "--out", str(gen)]) == 0
     (obj,) = env["plan"]["modules"][0]["objects"]
+    # defs.bzl hands compile and link actions their own entry, not the plan file.
+    obj_spec, link_spec = tmp_path / "obj.json", tmp_path / "link.json"
+    obj_spec.write_text(json.dumps(kc.object_spec(env["plan"], "silu_and_mul", obj["out"])))
+    link_spec.write_text(json.dumps(kc.link_spec(env["plan"], "silu_and_mul")))
+    assert kc.main(["compile-object", *common, *tree, "--spec", str(obj_spec), "--gen-dir",
+                    str(gen), "--out", str(objs / obj["out"])]) == 0
+    so = tmp_path / "silu_and_mul.so"
+    assert kc.main(["link-module", *common, "--spec", str(link_spec), "--objects-dir", str(objs),
+                    "--out", str(so)]) == 0
+    # The same object through --plan/--module/--object (the CLI for people) is the same bytes.
+    again = tmp_path / "again.o"
     assert kc.main(["compile-object", *common, *tree, "--plan", str(plan_file), "--module",
                     "silu_and_mul", "--object", obj["out"], "--gen-dir", str(gen), "--out",
-                    str(objs / obj["out"])]) == 0
-    so = tmp_path / "silu_and_mul.so"
-    assert kc.main(["link-module", *common, "--plan", str(plan_file), "--module", "silu_and_mul",
-                    "--objects-dir", str(objs), "--out", str(so)]) == 0
+                    str(again)]) == 0
+    assert again.read_bytes() == (objs / obj["out"]).read_bytes()
+    with pytest.raises(UserError, match="not a link spec"):
+        kc.main(["link-module", *common, "--spec", str(obj_spec), "--objects-dir", str(objs),
+                 "--out", str(tmp_path / "x.so")])
     out = tmp_path / "aot"
     assert kc.main(["assemble", *common, "--plan", str(plan_file), "--module-so",
                     f"silu_and_mul={so}", "--out", str(out)]) == 0
@@ -324,6 +336,33 @@ def test_lean_build_keeps_every_cuda_object_of_fused_moe_120(env: dict[str, Any]
             assert [a for a in lo["args"] if a != "-DFAST_BUILD"] == fo["args"]
     found = kc.moe_instantiations(gen / "fused_moe_120")
     assert any(i.startswith("Sm120, __nv_fp8_e4m3, SafeFP4,") for i in found), found[:3]
+
+
+def test_lean_and_full_share_the_bazel_keys_of_every_cuda_object() -> None:
+    """Bazel's compile action reads only its object's spec, so an object whose spec is the same
+    in two plans is one cached action: lean after full recompiles only the 6 host C++ objects."""
+    plans = {v: kc.read_plan(kc.REPO_ROOT / "kernel_cache" / f"plan_120f_{v}.bzl")
+             for v in ("lean", "full")}
+    differ = []
+    for m in plans["full"]["modules"]:
+        for o in m["objects"]:
+            if (kc.object_spec(plans["lean"], m["name"], o["out"])
+                    != kc.object_spec(plans["full"], m["name"], o["out"])):
+                differ.append((m["name"], o["kind"]))
+    assert differ and all(kind != "cuda" for _, kind in differ), differ
+    assert len(differ) == 6, differ
+
+
+def test_memory_hints_follow_the_arch() -> None:
+    """SM90 GEMMs are guarded off (small) for 12.0f but real code for 9.0a."""
+    name = "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group4.generated.cuda.o"
+    assert kc._mem_hint(name, "12.0f") == 1500
+    assert kc._mem_hint(name, "9.0a") == 4000
+    assert kc._mem_hint("120_cutlass_kernel_file_gemm_grouped_sm120_M128_BS_group0.generated.cuda.o",
+                        "12.0f") == 9000
+    plan = kc.read_plan(kc.REPO_ROOT / "kernel_cache" / "plan_90a_full.bzl")
+    moe = next(m for m in plan["modules"] if m["name"] == "fused_moe_90")
+    assert sum(o["mem_mb"] == 4000 for o in moe["objects"]) >= 210
 
 
 if __name__ == "__main__":
