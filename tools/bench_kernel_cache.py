@@ -2,6 +2,12 @@
 
     python3 tools/bench_kernel_cache.py --flashinfer-tree T --modules kernel_cache/modules.json \
         --arch 12.0f -j 2 --work /tmp/kc-bench [--only silu_and_mul] [--dry-run]
+    python3 tools/bench_kernel_cache.py --bazel [--output-root DIR] [-- BAZEL_FLAGS...]
+
+--bazel times the Bazel target instead: `tools/bazel build //kernel_cache:sm120_cache` (cold when
+the output root is fresh), the same again (warm), `--//kernel_cache:variant=lean` after it (lean
+and full share every CUDA object's action, so only the 6 host objects and the links run), and full
+again; each row counts the actions Bazel ran ("N local").
 
 Each cold build gets its own empty object cache (lean and full share every CUDA object, so a
 shared cache would make the second one warm). The warm row rebuilds the last variant from its
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +58,55 @@ def timed_build(args: argparse.Namespace, variant: str, cache_dir: Path, out: Pa
             "objects": sum(m["objects"] for m in data["modules"].values())}
 
 
+_BAZEL_RUNS = (("first", ()), ("again (warm)", ()),
+               ("lean after full", ("--//kernel_cache:variant=lean",)), ("full again", ()))
+_PROCESSES = re.compile(r"INFO: (\d+) process(?:es)?: (.*)")
+
+
+def actions_run(log: str) -> int:
+    """Actions Bazel executed (not cache hits), from its 'INFO: N processes: ...' summary."""
+    m = None
+    for m in _PROCESSES.finditer(log):
+        pass
+    if m is None:
+        return 0
+    kinds = dict((k.strip(), int(n)) for n, k in re.findall(r"(\d+) ([\w-]+)", m.group(2)))
+    return sum(n for k, n in kinds.items() if k != "internal")
+
+
+def bazel_bench(output_root: Path | None, flags: Sequence[str]) -> int:
+    env = dict(os.environ)
+    if output_root is not None:
+        env["KIMI_K3_BAZEL_OUTPUT_ROOT"] = str(output_root.absolute())
+    rows = []
+    for name, extra in _BAZEL_RUNS:
+        cmd = [str(kc.REPO_ROOT / "tools" / "bazel"), "build", "//kernel_cache:sm120_cache",
+               *flags, *extra]
+        print(f"bench: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=kc.REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        secs = time.monotonic() - t0
+        sys.stderr.write(proc.stderr[-2000:])
+        if proc.returncode != 0:
+            raise UserError(f"bench {name}: `{' '.join(cmd)}` failed (exit {proc.returncode}); "
+                            "see its output above")
+        rows.append((name, actions_run(proc.stderr), secs))
+    print(f"{'run':<16} {'actions run':>12} {'seconds':>9}")
+    for name, n, secs in rows:
+        print(f"{name:<16} {n:>12} {secs:>9.1f}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--bazel" in argv:
+        flags = argv[argv.index("--") + 1:] if "--" in argv else []
+        own = argv[:argv.index("--")] if "--" in argv else argv
+        bp = argparse.ArgumentParser(description="Bazel mode")
+        bp.add_argument("--bazel", action="store_true")
+        bp.add_argument("--output-root", type=Path, help="KIMI_K3_BAZEL_OUTPUT_ROOT for tools/bazel")
+        a = bp.parse_args(own)
+        return bazel_bench(a.output_root, flags)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flashinfer-tree", type=Path, required=True)
     ap.add_argument("--modules", type=Path, default=kc.REPO_ROOT / "kernel_cache" / "modules.json")
