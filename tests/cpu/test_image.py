@@ -462,6 +462,25 @@ def test_chroot_smoke_on_tiny_image(tmp_path: Path, host_rootfs: Path) -> None:
     assert not list(tmp_path.glob("smoke.*")), "the unpacked rootfs is removed"
 
 
+def test_smoke_driver_stub_stands_in_for_libcuda(tmp_path: Path, host_rootfs: Path) -> None:
+    """mooncake.engine needs libcuda.so.1, which only GPU hosts have: without the stub the failure
+    says how to check anyway; with it the import passes and the report says a stand-in was used."""
+    # The tiny image's python has no ctypes: the module looks for the library the way the dynamic
+    # loader would (LD_LIBRARY_PATH); the real dlopen is what the image's own smoke run checks.
+    needs_driver = ("import os\n"
+                    "if not any(os.path.exists(os.path.join(d, 'libcuda.so.1'))\n"
+                    "           for d in os.environ.get('LD_LIBRARY_PATH', '').split(':') if d):\n"
+                    "    raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    layout = build_tiny_image(tmp_path / "img", host_rootfs, flashinfer_text=needs_driver)
+    report = image_smoke.smoke(layout, tmp_path, ["tinyfi"], [], [], [], [])
+    assert len(report.failures) == 1 and "--driver-stub" in report.failures[0], report.failures
+    report = image_smoke.smoke(layout, tmp_path, ["tinyfi"], [], [], [], [], driver_stub=True)
+    assert report.failures == [], report.failures
+    assert report.passes[-1].endswith("(with a stand-in libcuda.so.1 of 0 driver symbols)"), report.passes
+    assert image_smoke.with_library_path(["A=1", "LD_LIBRARY_PATH=/x"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s:/x"]
+    assert image_smoke.with_library_path(["A=1"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s"]
+
+
 def test_entrypoint_guard_runs_inside_the_image(tmp_path: Path, host_rootfs: Path) -> None:
     layout = build_tiny_image(tmp_path / "img", host_rootfs)
     root = image_smoke.unpack(layout, tmp_path / "bundle")
