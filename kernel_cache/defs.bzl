@@ -28,9 +28,11 @@ load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
 
 ARCHS = {"12.0f": "120f", "9.0a": "90a"}
 
-# tools/kernel_cache.py SPEC_SCHEMA: the spec files' format version.
-SPEC_SCHEMA = 1
 VARIANTS = ["full", "lean"]
+
+# tools/kernel_cache.py SPEC_SCHEMA: the spec files' format version (//kernel_cache:plan_check
+# checks that these files equal the tool's object_spec/link_spec).
+SPEC_SCHEMA = 1
 
 # Checked-in plans: (arch, variant) -> plan file. 9.0a lean is not planned (no Hopper use).
 PLAN_FILES = {
@@ -126,6 +128,7 @@ def _kernel_cache_impl(ctx):
         total += len(m["objects"])
     index = 0
     module_sos = []
+    specs = []
     assemble_args = ["assemble"] + common + ["--plan", plan_file.path]
     for module in modules:
         name = module["name"]
@@ -164,6 +167,7 @@ def _kernel_cache_impl(ctx):
                 "nvcc_release": plan["nvcc_release"],
                 "object": {k: v for k, v in obj.items() if k != "mem_mb"},
             }))
+            specs.append(spec)
             args = ["compile-object"] + common + [
                 "--flashinfer-tree",
                 tree.path,
@@ -195,6 +199,7 @@ def _kernel_cache_impl(ctx):
             "link": module["link"],
             "objects": [o["out"] for o in module["objects"]],
         }))
+        specs.append(link_spec)
         run(
             ["link-module"] + common + [
                 "--spec",
@@ -232,6 +237,8 @@ def _kernel_cache_impl(ctx):
             aot = depset([out_dir]),
             only = depset([subset]),
             modules = depset(module_sos),
+            # For :plan_check, which compares them with tools/kernel_cache.py object_spec/link_spec.
+            specs = depset(specs),
         ),
     ]
 

@@ -5,6 +5,7 @@ A drift names the module/object/flag; the fix is to regenerate the plan (README 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -35,6 +36,19 @@ def test_checked_in_plan_matches_the_patched_tree(tmp_path: Path) -> None:
         "--host-root", os.environ.get("KIMI_K3_HOST_ROOT") or "auto",
         "--out", str(plan),
     ]) == 0
+
+
+def test_bazel_spec_files_equal_the_tools_specs() -> None:
+    """defs.bzl writes each compile/link action's spec in Starlark; they must be exactly what
+    tools/kernel_cache.py object_spec/link_spec derive from the plan (one format, two writers)."""
+    plan = kc.read_plan(_env_path("KIMI_KC_PLAN"))
+    files = [Path(p) for p in os.environ.get("KIMI_KC_SPECS", "").split()]
+    assert files, "KIMI_KC_SPECS is empty: run this through Bazel"
+    for f in files:
+        module = f.parent.name.removesuffix("_specs")
+        want = (kc.link_spec(plan, module) if f.name == "link.json"
+                else kc.object_spec(plan, module, f.name.removesuffix(".json")))
+        assert json.loads(f.read_text()) == want, f
 
 
 if __name__ == "__main__":

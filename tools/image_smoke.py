@@ -279,7 +279,7 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
                 detail = str(r["detail"])
                 if not r["ok"] and "libcuda.so.1" in detail and not driver_stub:
                     detail += (" (no NVIDIA driver here; GPU hosts get it from the container runtime;"
-                               " --driver-stub checks the import with an empty stand-in)")
+                               " --driver-stub checks the import with a stand-in)")
                 report.check(bool(r["ok"]), f"import {r['module']}: {detail}{note if r['ok'] else ''}")
     finally:
         if keep:
