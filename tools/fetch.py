@@ -9,7 +9,8 @@
     format       rewrite the lock in canonical form
 
 Sources are tried in order: the cache (re-verified on every hit), each mirror directory, then
-each origin URL. Downloads stream into a temp file inside the cache while hashing, and are
+each origin URL; a source with the wrong size or bytes is reported and skipped, and no source is
+read past the lock's size (+1 byte, to tell "too long"). Downloads stream into a temp file inside the cache while hashing, and are
 fsynced and renamed into `cas/sha256/<hex>` only after the hash matched, so nothing unverified
 ever enters the cache; a per-entry flock makes concurrent fetches of one input produce one entry.
 
@@ -49,12 +50,14 @@ from tools.digests import sha256_file
 from tools.lockfile import FilePin, GitDiffPin, GitTreePin, Lock, Pin  # noqa: E402
 
 CHUNK = 1 << 20
+_LOCK_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DOWNLOAD_ATTEMPTS = 2
 RETRY_DELAY_S = 1.0
 DEFAULT_TIMEOUT_S = 60.0
 PROGRESS_INTERVAL_S = 0.5
 USER_AGENT = "kimi-k3-fetch/1"
 PYPI_SIMPLE = "https://pypi.org/simple"
+CACHE_COMMANDS = ("fetch", "mirror", "evict", "add-git-diff")  # the ones that touch the cache
 FILL_MIRROR_HINT = "python3 tools/fetch.py mirror --pin {pin} --mirror DIR"
 REF_PREFIX = "refs/kimi-k3/"
 # Every `git diff` knob that user or repository config could change, pinned to git's defaults,
@@ -138,9 +141,27 @@ def mirror_dirs(flags: Sequence[str]) -> list[Path]:
     return [Path(p) for p in dict.fromkeys([*flags, *env])]
 
 
+def check_writable_path(path: Path, what: str, *, directory: bool) -> None:
+    """A one-line UserError (naming `what`) when `path` cannot become a file (directory=False)
+    or a directory: it exists as the other kind, or an ancestor is not a directory."""
+    if path.exists():
+        if directory and not path.is_dir():
+            raise UserError(f"{what} {path} is a file, not a directory; pass a directory path")
+        if not directory and path.is_dir():
+            raise UserError(f"{what} {path} is a directory; pass the path of the file to write "
+                            f"(e.g. {path / 'NAME'})")
+        return
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{what} {path}: {parent} is a file, not a directory; pass a path under a directory")
+            return
+
+
 def place_file(src: Path, out: Path, *, link: bool = True) -> Path:
     """Put a verified file at `out` atomically: hardlink when possible, else copy."""
     out = out.absolute()
+    check_writable_path(out, "output", directory=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
@@ -155,6 +176,9 @@ def place_file(src: Path, out: Path, *, link: bool = True) -> Path:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, out)
+        # rename(2) between two links to one inode (a rerun linking the same CAS entry) succeeds
+        # without doing anything, leaving tmp behind: remove it (absent after a real rename).
+        tmp.unlink(missing_ok=True)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -173,6 +197,9 @@ class Cache:
         self.root = root.absolute()
 
     def cas_path(self, sha256: str) -> Path:
+        # The name is a path component: anything but 64 hex digits could point outside the cache.
+        if not lockfile.is_sha256(sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         return self.root / "cas" / "sha256" / sha256
 
     def tmp_dir(self) -> Path:
@@ -183,6 +210,8 @@ class Cache:
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
         """Exclusive flock for one entry; lock files stay (deleting them would race waiters)."""
+        if not _LOCK_KEY_RE.fullmatch(key):
+            raise ValueError(f"not a cache lock key: {key!r}")  # keys name files under locks/
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         with open(locks / f"{key}.lock", "a") as f:
@@ -236,35 +265,63 @@ class Cache:
     def tree_index(self, tree: str) -> Path:
         return self.root / "index" / "git_tree" / tree
 
+    def tree_entry(self, tree: str) -> str | None:
+        """The sha256 the tree index records for `tree`; None when absent or not a sha256 (a
+        damaged index is a miss, rebuilt by the next fetch, never a path to follow)."""
+        index = self.tree_index(tree)
+        if not index.is_file():
+            return None
+        value = index.read_text(encoding="ascii", errors="replace").strip()
+        return value if lockfile.is_sha256(value) else None
+
 
 class SourceFailed(Exception):
-    """A source could not deliver (absent, unreachable, truncated): try the next one.
-    `transient` failures (dropped connection, timeout) are worth one more attempt."""
+    """A source could not deliver (absent, unreachable, truncated, wrong bytes): try the next one.
+    `transient` failures (dropped connection, timeout) are worth one more attempt; `corrupt`
+    ones (the source has the file, but wrong bytes or a wrong size) are reported as they happen."""
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, corrupt: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+        self.corrupt = corrupt
 
 
 def evict_command(pin: Pin) -> str:
     return f"python3 tools/fetch.py evict --pin {pin.name}"
 
 
-def hash_mismatch(pin_name: str, expected: str, actual: str, source: str) -> UserError:
-    return UserError(f"pin '{pin_name}': sha256 mismatch from {source}: expected {expected}, actual {actual}; "
-                     "the source is corrupt or tampered with (fix or remove it), or the lock is wrong "
-                     "(re-pin with `python3 tools/fetch.py add-pypi`/`add-git-diff`)")
+def hash_mismatch(expected: str, actual: str, source: str) -> SourceFailed:
+    # Not fatal by itself: a later mirror or the origin may hold the right bytes.
+    return SourceFailed(f"{source}: sha256 mismatch: expected {expected}, actual {actual}", corrupt=True)
+
+
+def note_failure(pin_name: str, error: SourceFailed, failures: list[str]) -> bool:
+    """Record a failed source for the final error; a corrupt one is also reported now, since the
+    fetch may still succeed from the next source. Returns whether it was corrupt."""
+    failures.append(str(error))
+    if error.corrupt:
+        print(f"fetch {pin_name}: warning: {error}; skipping this source", file=sys.stderr, flush=True)
+    return error.corrupt
 
 
 # ---------------------------------------------------------------------------------------------
 # file pins (and git_diff pins served as files by a mirror)
 
 
-def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress) -> tuple[str, int]:
-    """Copy `src` to `dst` hashing on the way; returns (sha256 hex, byte count)."""
+def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress,
+                         limit: int | None = None) -> tuple[str, int]:
+    """Copy `src` to `dst` hashing on the way; returns (sha256 hex, byte count). With `limit`
+    (the lock's size) it stops after limit + 1 bytes: an endless or oversized body then costs
+    one byte more than the pin, not the disk, and the count says it was too long."""
     digest = hashlib.sha256()
     size = 0
-    while chunk := src.read(CHUNK):
+    while True:
+        want = CHUNK if limit is None else min(CHUNK, limit + 1 - size)
+        if want <= 0:
+            break
+        chunk = src.read(want)
+        if not chunk:
+            break
         digest.update(chunk)
         dst.write(chunk)
         size += len(chunk)
@@ -274,20 +331,29 @@ def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress) -> 
     return digest.hexdigest(), size
 
 
-def check_size(pin_name: str, expected: int | None, actual: int, source: str) -> None:
-    if expected is not None and actual != expected:
-        raise SourceFailed(f"{source}: got {actual} bytes, the lock says {expected} (truncated or wrong file)")
+def check_size(expected: int | None, actual: int, source: str) -> None:
+    if expected is None or actual == expected:
+        return
+    if actual > expected:  # copy_stream_verified stopped at expected + 1
+        raise SourceFailed(f"{source}: more than {expected} bytes, the lock's size (stopped reading; wrong file)",
+                           corrupt=True)
+    raise SourceFailed(f"{source}: got {actual} bytes, the lock says {expected} (truncated or wrong file)",
+                       corrupt=True)
 
 
 def from_mirror_file(cache: Cache, key: str, name: str, sha256: str, size: int | None, path: Path) -> Path:
     if not path.is_file():
         raise SourceFailed(f"mirror {path.parent}: no {path.name}")
+    source = f"mirror file {path}"
+    on_disk = path.stat().st_size
+    if size is not None and on_disk != size:
+        raise SourceFailed(f"{source}: {on_disk} bytes, the lock says {size} (truncated or wrong file)", corrupt=True)
     with cache.temp_file(key) as (tmp, out), open(path, "rb") as src:
-        progress = Progress(f"fetch {name}", path.stat().st_size)
-        actual, got = copy_stream_verified(src, out, progress)
-        check_size(name, size, got, str(path))
+        progress = Progress(f"fetch {name}", on_disk)
+        actual, got = copy_stream_verified(src, out, progress, size)
+        check_size(size, got, source)
         if actual != sha256:
-            raise hash_mismatch(name, sha256, actual, f"mirror file {path}")
+            raise hash_mismatch(sha256, actual, source)
         progress.finish(f"copied from {path}:")
         return cache.commit(tmp, sha256)
 
@@ -299,9 +365,13 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
             # urlopen honours the https_proxy/no_proxy environment like every urllib client.
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 announced = response.headers.get("Content-Length")
+                if size is not None and announced and announced.isdigit() and int(announced) > size:
+                    # Refused before the body: it cannot be the pinned file.
+                    raise SourceFailed(f"{url}: Content-Length {announced} is more than {size} bytes, the lock's "
+                                       "size (wrong file; not downloaded)", corrupt=True)
                 total = int(announced) if announced and announced.isdigit() else size
                 progress = Progress(f"fetch {name}", total)
-                actual, got = copy_stream_verified(response, out, progress)
+                actual, got = copy_stream_verified(response, out, progress, size)
         except urllib.error.HTTPError as e:
             raise SourceFailed(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
@@ -312,16 +382,18 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
         # a dropped connection must read as "truncated", not as a (misleading) hash mismatch.
         if announced and announced.isdigit() and got != int(announced):
             raise SourceFailed(f"{url}: connection closed after {got} of {announced} bytes", transient=True)
-        check_size(name, size, got, url)
+        check_size(size, got, url)
         if actual != sha256:
-            raise hash_mismatch(name, sha256, actual, url)
+            raise hash_mismatch(sha256, actual, url)
         progress.finish(f"downloaded from {url}:")
         return cache.commit(tmp, sha256)
 
 
-def unavailable(pin: Pin, failures: Sequence[str]) -> UserError:
+def unavailable(pin: Pin, failures: Sequence[str], corrupt: bool = False) -> UserError:
     tried = "; ".join(failures) if failures else "no mirror and no origin URL"
-    return UserError(f"pin '{pin.name}': no source delivered it ({tried}); check the network/proxy, or fill a "
+    bad = ("; a source served wrong bytes: fix or remove it, or if every source agrees the lock is wrong "
+           "(re-pin with `python3 tools/fetch.py add-pypi`/`add-git-diff`)") if corrupt else ""
+    return UserError(f"pin '{pin.name}': no source delivered it ({tried}){bad}; check the network/proxy, or fill a "
                      f"mirror on a connected host with `{FILL_MIRROR_HINT.format(pin=pin.name)}` and pass "
                      "--mirror DIR or KIMI_K3_MIRROR=DIR")
 
@@ -338,23 +410,24 @@ def fetch_file_pin(pin: FilePin, cache: Cache, mirrors: Sequence[Path], timeout:
             return hit
         cache.clean_stale_temps(pin.sha256)
         failures: list[str] = []
+        corrupt = False
         for mirror in mirrors:
             try:
                 return from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, pin.size, mirror / pin.filename)
             except SourceFailed as e:
-                failures.append(str(e))
+                corrupt |= note_failure(pin.name, e, failures)
         for url in pin.urls:
             for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
                 try:
                     return from_url(cache, pin.sha256, pin.name, pin.sha256, pin.size, url, timeout)
                 except SourceFailed as e:
                     if not e.transient or attempt == DOWNLOAD_ATTEMPTS:
-                        failures.append(str(e))
+                        corrupt |= note_failure(pin.name, e, failures)
                         break
                     print(f"fetch {pin.name}: {e}; retrying (attempt {attempt + 1}/{DOWNLOAD_ATTEMPTS})",
                           file=sys.stderr, flush=True)
                     time.sleep(RETRY_DELAY_S)
-        raise unavailable(pin, failures)
+        raise unavailable(pin, failures, corrupt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +578,7 @@ def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], t
                 try:
                     return from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, None, mirror / pin.filename)
                 except SourceFailed as e:
-                    failures.append(str(e))
+                    note_failure(pin.name, e, failures)
         wanted = [(pin.commit, pin.commit_tree, "commit_tree"), (pin.parent, pin.parent_tree, "parent_tree")]
         cache_repo = ensure_commits(cache, pin.name, pin.repository, wanted, mirrors, from_git, failures)
         if cache_repo is None:
@@ -534,8 +607,9 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
     index = cache.tree_index(pin.tree)
     what = f"pin '{pin.name}'"
     with cache.locked(f"tree-{pin.tree}"):
-        if index.is_file():
-            hit = cache.verified_entry(index.read_text().strip(), what, evict_command(pin))
+        recorded = cache.tree_entry(pin.tree)
+        if recorded:
+            hit = cache.verified_entry(recorded, what, evict_command(pin))
             if hit:
                 return hit
         cache.clean_stale_temps(f"tree-{pin.tree}")
@@ -559,14 +633,18 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
 def extract_tar(tar_path: Path, out: Path) -> Path:
     """Unpack a verified tar into directory `out`, built in a temp sibling then renamed."""
     out = out.absolute()
+    # The "data" filter refuses absolute paths, `..`, links out of the tree and device files;
+    # without it a tar could write anywhere, so an interpreter lacking it is refused, not trusted.
+    if not hasattr(tarfile, "data_filter"):
+        raise UserError(f"extracting into {out} needs tarfile extraction filters (Python 3.8.17+, 3.9.17+, "
+                        f"3.10.12+ or 3.11.4+), this is Python {sys.version.split()[0]}: run tools/fetch.py with a "
+                        "newer python3")
+    check_writable_path(out, "output", directory=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         with tarfile.open(tar_path) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # Python < 3.11.4: the tar is our own git archive output, verified by hash.
-                tar.extractall(tmp)
+            tar.extractall(tmp, filter="data")
         if out.exists():
             old = out.with_name(f".{out.name}.old.{os.getpid()}")
             os.replace(out, old)
@@ -602,6 +680,9 @@ def fetch_pin(ctx: Context, pin: Pin, from_git: str | None = None) -> Path:
 
 def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
     pin = ctx.lock.pin(args.pin)
+    if args.out:
+        # Checked before fetching, so a wrong --out costs no download.
+        check_writable_path(Path(args.out).absolute(), "--out", directory=isinstance(pin, GitTreePin))
     path = fetch_pin(ctx, pin)
     if args.out:
         if isinstance(pin, GitTreePin):
@@ -655,16 +736,21 @@ def mirror_git_repo(cache: Cache, repository: str, commits: Sequence[str], mirro
     return dest
 
 
-def mirror_file(src: Path, dest: Path, sha256: str) -> bool:
-    """Copy a verified file into the mirror unless an identical one is there; True if written."""
-    if dest.is_file() and sha256_file(dest) == sha256:
-        return False
+def mirror_file(src: Path, dest: Path, sha256: str, size: int | None) -> str:
+    """Copy a verified file into the mirror unless an identical one is there (re-verified, so a
+    corrupt or truncated copy is replaced); returns what was done."""
+    note = "written"
+    if dest.is_file():
+        if (size is None or dest.stat().st_size == size) and sha256_file(dest) == sha256:
+            return "present"
+        note = "replaced a corrupt copy"
     place_file(src, dest, link=False)
-    return True
+    return note
 
 
 def cmd_mirror(ctx: Context, args: argparse.Namespace) -> int:
     target = Path(args.mirror_dir)
+    check_writable_path(target.absolute(), "mirror", directory=True)
     from_git = parse_from_git(args.from_git, ctx.lock)
     pins = selected_pins(ctx.lock, args.stack, [*args.pin, *from_git])
     # The target is a source too (already-present files are verified, not re-downloaded).
@@ -674,7 +760,7 @@ def cmd_mirror(ctx: Context, args: argparse.Namespace) -> int:
         path = fetch_pin(ctx, pin, from_git.get(pin.name))
         notes: list[str] = []
         if isinstance(pin, (FilePin, GitDiffPin)):
-            notes.append("written" if mirror_file(path, target / pin.filename, pin.sha256) else "present")
+            notes.append(mirror_file(path, target / pin.filename, pin.sha256, getattr(pin, "size", None)))
         if isinstance(pin, (GitDiffPin, GitTreePin)):
             notes.append(mirror_git_pin(ctx, pin, target, from_git.get(pin.name)))
         print(f"mirror: [{index}/{len(pins)}] {pin.name}: {', '.join(notes) or 'cached'}", file=sys.stderr)
@@ -730,14 +816,18 @@ def cmd_format(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_evict(ctx: Context, args: argparse.Namespace) -> int:
-    if args.sha256:
+    if args.sha256 is not None:
+        # The value becomes a path under the cache: only a sha256 may (no `..`, no `/`).
+        if not lockfile.is_sha256(args.sha256):
+            raise UserError(f"evict --sha256 {args.sha256!r}: pass exactly 64 lowercase hex digits (a cache entry's "
+                            "name under cas/sha256/)")
         targets = [(args.sha256, args.sha256)]
     else:
         pin = ctx.lock.pin(args.pin)
         if isinstance(pin, GitTreePin):
-            index = ctx.cache.tree_index(pin.tree)
-            targets = [(index.read_text().strip(), f"tree-{pin.tree}")] if index.is_file() else []
-            index.unlink(missing_ok=True)
+            recorded = ctx.cache.tree_entry(pin.tree)
+            targets = [(recorded, f"tree-{pin.tree}")] if recorded else []
+            ctx.cache.tree_index(pin.tree).unlink(missing_ok=True)
         else:
             targets = [(pin.sha256, pin.sha256)]
     removed = 0
@@ -866,6 +956,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.mirror_dir = args.mirror[0]
     lock = lockfile.load(args.lock)
     cache = Cache(Path(args.cache) if args.cache else default_cache_dir())
+    if args.command in CACHE_COMMANDS:
+        what = "--cache" if args.cache else ("KIMI_K3_CACHE" if os.environ.get("KIMI_K3_CACHE") else "cache directory")
+        check_writable_path(cache.root, what, directory=True)
     ctx = Context(lock=lock, cache=cache, mirrors=mirror_dirs(args.mirror), timeout=args.timeout)
     return int(args.func(ctx, args))
 

@@ -25,15 +25,22 @@ SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).absolute().parent.parent
 DEFAULT_LOCK = REPO_ROOT / "third_party" / "pins.lock.json"
 
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_GIT_ID_RE = re.compile(r"^[0-9a-f]{40}$")
-_PIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# Every pattern here validates with fullmatch(): re.match() with `$` also accepts a trailing
+# newline, so a sha256 or filename ending in "\n" would pass the schema and never fetch.
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_GIT_ID_RE = re.compile(r"[0-9a-f]{40}")
+_PIN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 # A filename is a single path component: mirrors store it as <mirror>/<filename>.
-_FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_FILENAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _URL_SCHEMES = ("https://", "http://", "file://")
 _STACK_TEXT_KEYS = ("description",)
 _STACK_LIST_KEYS = ("wheels", "patch_pins", "closure_overrides")
-_OVERRIDE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
+_OVERRIDE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+")
+
+
+def is_sha256(value: str) -> bool:
+    """True for exactly 64 lowercase hex digits, the only form a cache key or lock sha256 takes."""
+    return _SHA256_RE.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,7 @@ class _Fields:
         value = self.obj[key]
         if not isinstance(value, str) or not value:
             raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             raise self.fail(key, f"must be {expect}, got {value!r}")
         return value
 
@@ -272,7 +279,7 @@ _KINDS = ("file", "git_diff", "git_tree")
 
 def parse_pin(lock_path: Path, name: str, obj: Any) -> Pin:
     """One validated pin from its JSON object."""
-    if not _PIN_NAME_RE.match(name):
+    if not _PIN_NAME_RE.fullmatch(name):
         raise UserError(f"{lock_path}: pin name {name!r} must match {_PIN_NAME_RE.pattern}")
     f = _Fields(lock_path, f"pin '{name}'", obj)
     kind = f.text("kind")
@@ -310,7 +317,7 @@ def parse_stack(lock_path: Path, name: str, obj: Any, pins: Mapping[str, Pin]) -
         closure_overrides=f.name_list("closure_overrides"),
     )
     for override in stack.closure_overrides:
-        if not _OVERRIDE_RE.match(override):
+        if not _OVERRIDE_RE.fullmatch(override):
             raise f.fail("closure_overrides", f"must hold NAME==VERSION requirements, got {override!r}")
     for role, pin_name in [*roles.items(), *(("wheels", w) for w in stack.wheels),
                            *(("patch_pins", p) for p in stack.patch_pins)]:
@@ -356,6 +363,11 @@ def read_raw(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: lock file not found; pass --lock PATH") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, not a lock file; pass --lock PATH/pins.lock.json") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: lock file is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                        "pass the JSON lock file, or re-save it as UTF-8") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read lock file ({e.strerror}); check its permissions") from None
 

@@ -38,16 +38,22 @@ FETCH_PY = REPO_ROOT / "tools" / "fetch.py"
 class Route:
     body: bytes
     # full | half (close after half the body) | half_once (half on the first request only)
-    # | slow (trickle, for the kill and race tests)
+    # | slow (trickle, for the kill and race tests) | endless (no Content-Length; `body` repeated
+    # up to `repeat` times, i.e. until the client hangs up, within a bound)
     mode: str = "full"
     content_type: str = "application/octet-stream"
     chunk_delay_s: float = 0.02
+    announce: int | None = None  # a Content-Length other than len(body)
+    repeat: int = 1
 
 
 @dataclass
 class Server:
     routes: dict[str, Route] = field(default_factory=dict)
     hits: dict[str, int] = field(default_factory=dict)
+    # endless routes: bytes written, and how the body ended ("complete" or "cut" by the client)
+    sent: dict[str, int] = field(default_factory=dict)
+    ended: dict[str, str] = field(default_factory=dict)
     httpd: http.server.ThreadingHTTPServer | None = None
 
     @property
@@ -79,8 +85,21 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                 return
             self.send_response(200)
             self.send_header("Content-Type", route.content_type)
-            self.send_header("Content-Length", str(len(route.body)))
+            if route.mode != "endless":  # HTTP/1.0 without a length: the body runs until close
+                self.send_header("Content-Length", str(route.announce if route.announce is not None
+                                                       else len(route.body)))
             self.end_headers()
+            if route.mode == "endless":
+                server.sent[path] = 0
+                try:
+                    for _ in range(route.repeat):  # bounded, so a broken fetcher cannot fill the disk
+                        self.wfile.write(route.body)
+                        server.sent[path] += len(route.body)
+                    self.wfile.flush()
+                    server.ended[path] = "complete"
+                except (BrokenPipeError, ConnectionResetError):
+                    server.ended[path] = "cut"
+                return
             try:
                 if route.mode == "half" or (route.mode == "half_once" and server.hits[path] == 1):
                     self.wfile.write(route.body[: len(route.body) // 2])
@@ -163,6 +182,14 @@ def cas_entries(cache: Path) -> list[Path]:
 def tmp_entries(cache: Path) -> list[Path]:
     tmp = cache / "tmp"
     return sorted(tmp.iterdir()) if tmp.exists() else []
+
+
+def wait_ended(server: Server, path: str) -> str:
+    deadline = time.monotonic() + 30
+    while path not in server.ended:
+        assert time.monotonic() < deadline, "the server never finished the body"
+        time.sleep(0.02)
+    return server.ended[path]
 
 
 def one_line(e: BaseException) -> str:
@@ -495,6 +522,229 @@ def test_out_places_a_verified_copy_atomically(tmp_path: Path, server: Server) -
     assert out.read_bytes() == data and sorted(p.name for p in out.parent.iterdir()) == ["a.whl"]
 
 
+def test_endless_body_stops_one_byte_past_the_pinned_size(tmp_path: Path, server: Server) -> None:
+    data = os.urandom(300_000)
+    chunk = os.urandom(64 * 1024)
+    server.routes["/a.bin"] = Route(chunk, mode="endless", repeat=1024)  # up to 64 MiB, no Content-Length
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a"])
+    message = one_line(e.value)
+    assert f"{server.url('/a.bin')}: more than 300000 bytes, the lock's size" in message
+    # The fetcher hung up: the server could not write its bounded 64 MiB.
+    assert wait_ended(server, "/a.bin") == "cut" and server.sent["/a.bin"] < 64 * 1024 * 1024
+    assert server.hits["/a.bin"] == 1  # a wrong file is not retried
+    assert cas_entries(cache) == [] and tmp_entries(cache) == []
+
+
+def test_content_length_above_the_pinned_size_is_refused_before_the_body(tmp_path: Path, server: Server) -> None:
+    data = os.urandom(300_000)
+    big = os.urandom(16 * len(data))
+    server.routes["/a.bin"] = Route(big)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a"])
+    message = one_line(e.value)
+    assert f"Content-Length {len(big)} is more than 300000 bytes, the lock's size" in message
+    assert "not downloaded" in message and server.hits["/a.bin"] == 1
+    assert cas_entries(cache) == [] and tmp_entries(cache) == []
+
+
+def test_oversized_mirror_file_is_read_only_to_size_plus_one(tmp_path: Path, server: Server,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(100_000)
+    server.routes["/a.bin"] = Route(data)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    # The file grows after the size check (stat says the right size): the read itself is capped.
+    (mirror / "artifact.bin").write_bytes(os.urandom(len(data) * 40))
+    real_stat = Path.stat
+
+    def lying_stat(self: Path, **kw: Any) -> os.stat_result:
+        st = real_stat(self, **kw)
+        if self.name == "artifact.bin" and self.parent == mirror:
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid,
+                                   len(data), int(st.st_atime), int(st.st_mtime), int(st.st_ctime)))
+        return st
+
+    monkeypatch.setattr(Path, "stat", lying_stat)
+    read: list[int] = []
+    real_copy = fetch.copy_stream_verified
+
+    def counting_copy(*args: Any, **kwargs: Any) -> tuple[str, int]:
+        digest, got = real_copy(*args, **kwargs)
+        read.append(got)
+        return digest, got
+
+    monkeypatch.setattr(fetch, "copy_stream_verified", counting_copy)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(mirror),
+                    "--pin", "a")
+    assert Path(path).read_bytes() == data
+    assert read == [len(data) + 1, len(data)]  # the mirror: stopped at size + 1; then the origin
+
+
+def mirror_with(tmp_path: Path, name: str, body: bytes) -> Path:
+    mirror = tmp_path / name
+    mirror.mkdir()
+    (mirror / "artifact.bin").write_bytes(body)
+    return mirror
+
+
+def test_bad_mirrors_fall_through_to_a_good_source_and_are_reported(tmp_path: Path, server: Server,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    data = os.urandom(50_000)
+    flipped = bytearray(data)
+    flipped[777] ^= 0x40
+    wrong = mirror_with(tmp_path, "wrong", bytes(flipped))  # right size, wrong bytes
+    short = mirror_with(tmp_path, "short", data[:-10])
+    long = mirror_with(tmp_path, "long", data + b"tail")
+    good = mirror_with(tmp_path, "good", data)
+    lock = write_lock(tmp_path, {"a": file_pin(closed_port_url(), data)})
+    path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(wrong),
+                    "--mirror", str(short), "--mirror", str(long), "--mirror", str(good), "--pin", "a")
+    assert Path(path).read_bytes() == data
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(warnings) == 3, warnings
+    assert str(wrong / "artifact.bin") in warnings[0] and f"actual {sha(bytes(flipped))}" in warnings[0]
+    assert str(short / "artifact.bin") in warnings[1] and f"{len(data) - 10} bytes" in warnings[1]
+    assert str(long / "artifact.bin") in warnings[2] and f"{len(data) + 4} bytes" in warnings[2]
+    # A corrupt mirror before a good origin: the origin serves it.
+    server.routes["/a.bin"] = Route(data)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c2"), "--mirror", str(wrong),
+                    "--pin", "a")
+    assert Path(path).read_bytes() == data and server.hits["/a.bin"] == 1
+
+
+def test_every_source_bad_names_each_source_and_its_problem(tmp_path: Path, server: Server) -> None:
+    data = os.urandom(20_000)
+    wrong = mirror_with(tmp_path, "wrong", os.urandom(len(data)))
+    short = mirror_with(tmp_path, "short", data[:100])
+    server.routes["/a.bin"] = Route(os.urandom(len(data)))
+    server.routes["/b.bin"] = Route(data, announce=len(data) * 2, mode="half")  # too long, announced
+    lock = write_lock(tmp_path, {"a": file_pin([server.url("/a.bin"), server.url("/b.bin")], data)})
+    cache = tmp_path / "c"
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--mirror", str(wrong), "--mirror",
+                    str(short), "--mirror", str(tmp_path / "absent"), "--pin", "a"])
+    message = one_line(e.value)
+    for part in (f"mirror file {wrong / 'artifact.bin'}: sha256 mismatch: expected {sha(data)}",
+                 f"mirror file {short / 'artifact.bin'}: 100 bytes, the lock says {len(data)}",
+                 f"mirror {tmp_path / 'absent'}: no artifact.bin",
+                 f"{server.url('/a.bin')}: sha256 mismatch: expected {sha(data)}",
+                 f"{server.url('/b.bin')}: Content-Length {len(data) * 2} is more than {len(data)} bytes"):
+        assert part in message, (part, message)
+    assert "a source served wrong bytes" in message
+    assert cas_entries(cache) == [] and tmp_entries(cache) == []
+
+
+def test_mirror_command_repairs_a_corrupt_file_in_its_target(tmp_path: Path, server: Server,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = os.urandom(30_000)
+    server.routes["/a.bin"] = Route(data)
+    target = mirror_with(tmp_path, "target", bytes(len(data)))  # right size, all zeros
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    run_main("mirror", "--lock", str(lock), "--cache", str(tmp_path / "c"), str(target))
+    assert (target / "artifact.bin").read_bytes() == data
+    err = capsys.readouterr().err
+    assert f"warning: mirror file {target / 'artifact.bin'}: sha256 mismatch" in err
+    assert "a: replaced a corrupt copy" in err
+    assert sorted(p.name for p in target.iterdir()) == ["artifact.bin"]
+    # With the pin already cached, the target file is still re-verified and repaired.
+    (target / "artifact.bin").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    run_main("mirror", "--lock", str(lock), "--cache", str(tmp_path / "c"), str(target))
+    assert (target / "artifact.bin").read_bytes() == data
+    run_main("mirror", "--lock", str(lock), "--cache", str(tmp_path / "c"), str(target))
+    assert "a: present" in capsys.readouterr().err
+
+
+def test_out_rerun_leaves_no_temp_link(tmp_path: Path, server: Server) -> None:
+    data = b"payload" * 100
+    server.routes["/a.bin"] = Route(data)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    out = tmp_path / "out" / "a.whl"
+    for _ in range(3):  # reruns hardlink the same CAS entry over an existing link to it
+        run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "a", "--out", str(out))
+    assert out.read_bytes() == data and sorted(p.name for p in out.parent.iterdir()) == ["a.whl"]
+    assert out.stat().st_ino == (tmp_path / "c" / "cas" / "sha256" / sha(data)).stat().st_ino
+
+
+def test_bad_out_and_cache_paths_are_one_line_errors(tmp_path: Path, server: Server,
+                                                     git_origin: GitOrigin) -> None:
+    data = b"payload"
+    server.routes["/a.bin"] = Route(data)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data), "t": tree_pin(git_origin)})
+    cache = tmp_path / "c"
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a", "--out", str(outdir)])
+    assert f"--out {outdir} is a directory" in one_line(e.value)
+    assert list(outdir.iterdir()) == [] and server.hits.get("/a.bin") is None  # refused before the download
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a", "--out", str(afile / "a.whl")])
+    assert f"{afile} is a file, not a directory" in one_line(e.value)
+    with pytest.raises(UserError) as e:  # git_tree pins unpack into a directory
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "t", "--out", str(afile)])
+    assert f"--out {afile} is a file, not a directory" in one_line(e.value) and afile.read_text() == "x"
+    for argv, named in ((["--cache", str(afile)], f"--cache {afile} is a file"),
+                        (["--cache", str(afile / "sub")], f"--cache {afile / 'sub'}: {afile} is a file")):
+        with pytest.raises(UserError) as e:
+            fetch.main(["fetch", "--lock", str(lock), *argv, "--pin", "a"])
+        assert named in one_line(e.value)
+    with pytest.raises(UserError) as e:
+        fetch.main(["mirror", "--lock", str(lock), "--cache", str(cache), str(afile)])
+    assert f"mirror {afile} is a file, not a directory" in one_line(e.value)
+    # Through the CLI: exit 2 and one line, no traceback.
+    proc = subprocess.run(fetch_cmd(lock, afile, "a"), capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert afile.read_text() == "x"
+
+
+def test_extract_refuses_an_interpreter_without_tar_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import tarfile
+
+    tar_path = tmp_path / "t.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        info = tarfile.TarInfo("../escape.txt")  # what the filter exists to refuse
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    dest = tmp_path / "x" / "out"
+    dest.parent.mkdir()
+    monkeypatch.delattr(tarfile, "data_filter")
+    with pytest.raises(UserError) as e:
+        fetch.extract_tar(tar_path, dest)
+    assert "needs tarfile extraction filters" in one_line(e.value) and str(dest) in one_line(e.value)
+    assert list(dest.parent.iterdir()) == [] and not (tmp_path / "x" / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("value", ["../../../outside", "A" * 64, "a" * 63, "a" * 64 + "\n", "a" * 65, "g" * 64])
+def test_evict_sha256_accepts_only_a_sha256(tmp_path: Path, value: str) -> None:
+    cache = tmp_path / "deep" / "er" / "cache"
+    cache.mkdir(parents=True)
+    victim = tmp_path / "outside"
+    victim.write_text("keep me")
+    lock = write_lock(tmp_path, {})
+    with pytest.raises(UserError) as e:
+        fetch.main(["evict", "--lock", str(lock), "--cache", str(cache), "--sha256", value])
+    assert "pass exactly 64 lowercase hex digits" in one_line(e.value)
+    assert victim.read_text() == "keep me" and list(cache.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "outside", "pins.lock.json"]
+
+
+def test_evict_sha256_of_an_absent_entry_is_nothing_to_evict(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    lock = write_lock(tmp_path, {})
+    assert fetch.main(["evict", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--sha256", "a" * 64]) == 0
+    assert "nothing to evict" in capsys.readouterr().err
+
+
 def test_progress_reports_bytes_rate_and_final_line(tmp_path: Path, server: Server,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     data = os.urandom(2 << 20)
@@ -567,6 +817,18 @@ def test_git_diff_missing_everywhere_says_how_to_fill_a_mirror(tmp_path: Path, g
     assert "python3 tools/fetch.py mirror --pin flashinfer-pr4460 --mirror DIR" in message
     assert "--from-git flashinfer-pr4460=CHECKOUT" in message
     assert "`pypi` stack builds without it (`--config=pypi`)" in message
+
+
+def test_corrupt_mirror_diff_falls_through_to_the_git_origin(tmp_path: Path, git_origin: GitOrigin,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "widget-feature.diff").write_bytes(git_origin.diff.replace(b"x * 2", b"x * 3"))
+    lock = write_lock(tmp_path, {"d": diff_pin(git_origin)})
+    path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(mirror),
+                    "--pin", "d")
+    assert Path(path).read_bytes() == git_origin.diff
+    assert f"warning: mirror file {mirror / 'widget-feature.diff'}: sha256 mismatch" in capsys.readouterr().err
 
 
 def test_git_tree_fetch_is_deterministic_and_extracts(tmp_path: Path, git_origin: GitOrigin) -> None:

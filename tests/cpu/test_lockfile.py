@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import io
 import json
+import subprocess
 import sys
 import threading
 import zipfile
@@ -191,6 +192,68 @@ def test_wheel_compatibility(filename: str, ok: bool) -> None:
                   and pypi_lock.platform_rank(wheel, "manylinux_2_34_x86_64") is not None)
     assert compatible == ok
 
+
+
+# ---------------------------------------------------------------------------------------------
+# lockfile.py validation: whole-value patterns, unreadable locks
+
+
+def schema_lock(tmp_path: Path, pins: dict[str, Any], stacks: dict[str, Any] | None = None) -> Path:
+    path = tmp_path / "pins.lock.json"
+    path.write_text(json.dumps({"schema_version": 1, "pins": pins, "stacks": stacks or {}}))
+    return path
+
+
+def a_file_pin(**override: Any) -> dict[str, Any]:
+    return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": "a" * 64,
+            **override}
+
+
+def a_diff_pin(**override: Any) -> dict[str, Any]:
+    return {"kind": "git_diff", "repository": "https://h/o/r", "commit": "1" * 40, "commit_tree": "2" * 40,
+            "parent": "3" * 40, "parent_tree": "4" * 40, "filename": "g.diff", "sha256": "b" * 64, **override}
+
+
+@pytest.mark.parametrize(("pins", "stacks", "expected"), [
+    ({"a": a_file_pin(sha256="a" * 64 + "\n")}, {}, "pin 'a': sha256 must be 64 lowercase hex chars"),
+    ({"a": a_file_pin(filename="a.whl\n")}, {}, "pin 'a': filename must be a plain file name"),
+    ({"a\n": a_file_pin()}, {}, "pin name 'a\\n' must match"),
+    ({"g": a_diff_pin(commit="1" * 40 + "\n")}, {}, "pin 'g': commit must be a full 40-char lowercase hex"),
+    ({"a": a_file_pin()}, {"s": {"sglang": "a", "closure_overrides": ["x==1\n"]}},
+     "stack 's': closure_overrides must hold NAME==VERSION requirements"),
+])
+def test_patterns_match_the_whole_value_not_a_trailing_newline(tmp_path: Path, pins: dict[str, Any],
+                                                               stacks: dict[str, Any], expected: str) -> None:
+    lock = schema_lock(tmp_path, pins, stacks)
+    with pytest.raises(UserError) as e:
+        lockfile.load(lock)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(str(lock)) and expected in message, message
+    from tools import fetch
+
+    with pytest.raises(UserError):  # `verify` refuses it too, instead of passing a lock that can never fetch
+        fetch.main(["verify", "--lock", str(lock)])
+
+
+def test_is_sha256_is_exact() -> None:
+    assert lockfile.is_sha256("0123456789abcdef" * 4)
+    for bad in ("a" * 64 + "\n", "A" * 64, "a" * 63, "a" * 65, "../" + "a" * 61, ""):
+        assert not lockfile.is_sha256(bad), bad
+
+
+def test_unreadable_lock_is_a_one_line_error(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"schema_version": 1, "pins": {}, "stacks": {"s": {"description": "caf\u00e9"}}}'
+                       .encode("latin-1"))
+    with pytest.raises(UserError) as e:
+        lockfile.load(latin1)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(str(latin1)) and "is not UTF-8 text (byte 0xe9" in message
+    with pytest.raises(UserError, match="is a directory, not a lock file"):
+        lockfile.load(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "fetch.py"), "verify", "--lock", str(latin1)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
