@@ -1,7 +1,9 @@
 """Count test cases from bazel-testlogs for .ci/run and print `N passed, N failed` last.
 
-Each tests/cpu target writes pytest's JUnit XML to Bazel's test.xml. A target without a report
-(build failure, crash before pytest started) counts as one failure, so nothing is lost.
+Each test target of the pattern (test_suites under tests/cpu expand to tests in other packages,
+e.g. //kernel_cache:spec_check, whose report is bazel-testlogs/kernel_cache/spec_check/test.xml)
+writes pytest's JUnit XML to Bazel's test.xml. A target without a report (build failure, crash
+before pytest started) counts as one failure, so nothing is lost.
 """
 from __future__ import annotations
 

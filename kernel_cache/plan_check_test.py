@@ -2,10 +2,11 @@
 the patch gate's real tree (with #4460), this nvcc and the selected arch/variant.
 
 A drift names the module/object/flag; the fix is to regenerate the plan (README "How to extend").
+Not in CI: on the default stack the tree needs FlashInfer PR #4460, a GitHub-only pin. The
+Bazel spec files are checked against the plan in CI by //kernel_cache:spec_check.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -38,18 +39,7 @@ def test_checked_in_plan_matches_the_patched_tree(tmp_path: Path) -> None:
     ]) == 0
 
 
-def test_bazel_spec_files_equal_the_tools_specs() -> None:
-    """defs.bzl writes each compile/link action's spec in Starlark; they must be exactly what
-    tools/kernel_cache.py object_spec/link_spec derive from the plan (one format, two writers)."""
-    plan = kc.read_plan(_env_path("KIMI_KC_PLAN"))
-    files = [Path(p) for p in os.environ.get("KIMI_KC_SPECS", "").split()]
-    assert files, "KIMI_KC_SPECS is empty: run this through Bazel"
-    for f in files:
-        module = f.parent.name.removesuffix("_specs")
-        want = (kc.link_spec(plan, module) if f.name == "link.json"
-                else kc.object_spec(plan, module, f.name.removesuffix(".json")))
-        assert json.loads(f.read_text()) == want, f
-
-
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
+    # Per-case JUnit for bazel-testlogs (XML_OUTPUT_FILE), like the CPU suite's conftest.
+    xml = os.environ.get("XML_OUTPUT_FILE")
+    sys.exit(pytest.main([__file__, "-v"] + ([f"--junitxml={xml}"] if xml else [])))

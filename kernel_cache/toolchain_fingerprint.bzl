@@ -1,8 +1,8 @@
 """Module extension: a fingerprint of the local CUDA toolchain, an input of every kernel-cache action.
 
-The kernel cache compiles with a local CUDA (FACTS: nvcc 13.0 at /usr/local/cuda) and the host's
-C++ compiler. Their versions must be part of each object's cache key, or a changed toolchain would
-give stale cache hits (locally and in a shared remote cache). This repository records what
+The kernel cache compiles with a local CUDA (nvcc 13.0 at /usr/local/cuda, or KIMI_CUDA_HOME) and
+the host's C++ compiler. Their versions must be part of each object's cache key, or a changed
+toolchain would give stale cache hits (locally and in a shared remote cache). This repository records what
 `nvcc --version`, CUDA's version.json and the host compilers say, and re-runs when the nvcc
 binary or version.json changes (watched) or when KIMI_CUDA_HOME / KIMI_K3_HOST_ROOT change.
 """

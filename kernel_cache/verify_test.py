@@ -45,4 +45,6 @@ def test_built_cache_verifies(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
+    # Per-case JUnit for bazel-testlogs (XML_OUTPUT_FILE), like the CPU suite's conftest.
+    xml = os.environ.get("XML_OUTPUT_FILE")
+    sys.exit(pytest.main([__file__, "-v"] + ([f"--junitxml={xml}"] if xml else [])))

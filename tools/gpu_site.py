@@ -17,7 +17,7 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from tools.errors import UserError, run_cli
 
@@ -80,6 +80,57 @@ def prepare(site: Path, wheels: Sequence[Path], kernel_cache: Path | None) -> li
     for wheel in _wheels_in(wheels):
         _unpack_wheel(wheel, site)
     return install_kernel_cache(kernel_cache, site) if kernel_cache else []
+
+
+# --------------------------------------------------------------------------------------------
+# Which FlashInfer modules the cache under test must have (tests/gpu/conftest.py policy)
+# --------------------------------------------------------------------------------------------
+
+MODULES_JSON = Path(__file__).absolute().parents[1] / "kernel_cache" / "modules.json"
+
+
+def declared_modules(modules_json: Path, arch: str) -> list[str]:
+    """The modules kernel_cache/modules.json declares for `arch` (the cache's arch_list): what
+    //kernel_cache builds for it and the image ships."""
+    from tools.kernel_cache import load_modules
+
+    return sorted(d.name for d in load_modules(modules_json) if d.applies_to(arch))
+
+
+def parse_only(text: str) -> list[str]:
+    """The --//kernel_cache:only subset a cache was built with ('' = every declared module)."""
+    return sorted({n.strip() for n in text.replace("\n", ",").split(",") if n.strip()})
+
+
+def module_verdict(module: str, meta: Mapping[str, Any] | None, modules_json: Path,
+                   only: Sequence[str] = ()) -> tuple[str, str]:
+    """("run" | "skip" | "fail", reason) for a GPU test that needs FlashInfer `module` from the
+    prebuilt cache (JIT disabled). `meta` is the installed cache's kernel_cache.json (None: no
+    cache installed). The cache must hold every module modules.json declares for its arch
+    (restricted to `only` when the cache was built as a subset): one it lacks is a failure.
+    Skipped only where the module is not part of that cache at all (declared for other archs,
+    e.g. fused_moe_90 against a 12.0f cache, or left out by `only`)."""
+    if meta is None:
+        return ("fail", f"FlashInfer module {module}: no kernel cache installed (no "
+                f"{AOT}/kernel_cache.json in the flashinfer under test); pass the stack's cache "
+                "(KIMI_GPU_KERNEL_CACHE, run_gpu_suite.py --kernel-cache) or allow JIT with "
+                "KIMI_K3_GPU_ALLOW_JIT=1")
+    arch = str(meta.get("arch_list", ""))
+    have = meta.get("modules") or {}
+    if module in have:
+        return ("run", "")
+    declared = declared_modules(modules_json, arch)
+    if module not in declared:
+        return ("skip", f"FlashInfer module {module} is not part of the {arch} kernel cache "
+                f"({modules_json.name} declares for {arch}: {', '.join(declared) or 'none'})")
+    if only and module not in only:
+        return ("skip", f"FlashInfer module {module}: the cache was built with "
+                f"--//kernel_cache:only={','.join(only)}, which leaves it out")
+    return ("fail", f"FlashInfer module {module}: the {arch} kernel cache lacks it, but "
+            f"{modules_json.name} declares it for {arch} (the image ships it; has: "
+            f"{', '.join(sorted(have)) or 'none'}); rebuild the cache (`tools/bazel build "
+            f"//kernel_cache:cache --//kernel_cache:arch={arch}`), or declare a subset build "
+            "with KIMI_GPU_KERNEL_CACHE_ONLY / run_gpu_suite.py --only")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

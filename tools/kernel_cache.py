@@ -13,7 +13,8 @@ Subcommands (all print progress to stderr):
   compile-object  one object: the plan's command with tree/CUDA paths filled in   (Bazel action)
   link-module     one module .so from its objects                                (Bazel action)
   assemble        AOT layout flashinfer/data/aot/<m>/<m>.so + kernel_cache.json  (Bazel action)
-  build           everything without Bazel: parallel, per-object content-addressed, resumable
+  build           everything without Bazel: parallel, per-object content-addressed (reuse checked
+                  against each file's sha256 record), resumable
   verify          ELF arch, digests, and resolution through FlashInfer's lookup with JIT disabled
   cuda-stubs      the link-time stub dir (libcuda.so stub, unversioned lib*.so links)
 
@@ -1083,6 +1084,56 @@ def assemble(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping[str, Pa
 # The non-Bazel build: parallel within a memory budget, content-addressed, resumable
 # --------------------------------------------------------------------------------------------
 
+# Every object and module in the build cache has a record beside it, <file>.sha256 (JSON: size
+# and sha256), written atomically after the file itself. A file is reused only when it matches
+# its record: a file without one (a run killed between the two renames, a cache from before
+# records) or one that differs (truncated, corrupted, overwritten) is rebuilt, never linked.
+RECORD_SUFFIX = ".sha256"
+
+
+def record_path(path: Path) -> Path:
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def write_record(path: Path) -> None:
+    rec = record_path(path)
+    tmp = atomic_output(rec)
+    try:
+        tmp.write_text(json.dumps({"size": path.stat().st_size, "sha256": sha256_file(path)},
+                                  sort_keys=True) + "\n")
+        os.replace(tmp, rec)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def cached_file_ok(path: Path) -> bool:
+    """True when `path` exists and matches its record; otherwise says why it is rebuilt."""
+    if not path.exists():
+        return False
+    try:
+        want = json.loads(record_path(path).read_text())
+        size, digest = int(want["size"]), str(want["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        log(f"cached {path.name}: no valid {RECORD_SUFFIX} record beside it; rebuilding it")
+        return False
+    have = path.stat().st_size
+    if have != size:
+        log(f"cached {path.name}: {have} bytes, its record says {size} (truncated or corrupt); "
+            "rebuilding it")
+        return False
+    if sha256_file(path) != digest:
+        log(f"cached {path.name}: sha256 differs from its record (corrupt); rebuilding it")
+        return False
+    return True
+
+
+def compile_to_cache(module: Mapping[str, Any], obj: Mapping[str, Any], fill: Fill, out: Path,
+                     nice: int) -> float:
+    secs = compile_one(module, obj, fill, out, nice)
+    write_record(out)
+    return secs
+
+
 @dataclasses.dataclass
 class Job:
     module: dict[str, Any]
@@ -1123,8 +1174,8 @@ def run_jobs(jobs: list[Job], fill_for: Callable[[Job], Fill], jobs_n: int, mem_
                     break
                 pending.remove(fit)
                 used += fit.obj["mem_mb"]
-                running[pool.submit(compile_one, fit.module, fit.obj, fill_for(fit), fit.path,
-                                    nice)] = fit
+                running[pool.submit(compile_to_cache, fit.module, fit.obj, fill_for(fit),
+                                    fit.path, nice)] = fit
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 job = running.pop(fut)
@@ -1135,9 +1186,24 @@ def run_jobs(jobs: list[Job], fill_for: Callable[[Job], Fill], jobs_n: int, mem_
 def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jobs_n: int,
           cache_dir: Path, tc: Toolchain, mem_budget_mb: int, nice: int,
           plan_path: Path | None = None, only: Sequence[str] = ()) -> dict[str, Any]:
+    """Objects and modules are shared through cache_dir (content-addressed, each checked against
+    its record before reuse); generated sources and link stubs are this run's own: another build
+    may be using the same cache (and tree) at the same time."""
     tree = check_tree(tree)
-    gen_root = cache_dir / "gen" / hashlib.sha256(str(tree).encode()).hexdigest()[:16]
-    shutil.rmtree(gen_root, ignore_errors=True)
+    (cache_dir / "gen").mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(
+        prefix=f"{hashlib.sha256(str(tree).encode()).hexdigest()[:16]}-", dir=cache_dir / "gen"))
+    try:
+        return _build_in(tree, modules_path, arch, variant, out, jobs_n, cache_dir, tc,
+                         mem_budget_mb, nice, plan_path, only, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _build_in(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jobs_n: int,
+              cache_dir: Path, tc: Toolchain, mem_budget_mb: int, nice: int,
+              plan_path: Path | None, only: Sequence[str], run_dir: Path) -> dict[str, Any]:
+    gen_root = run_dir / "gen"
     plan = make_plan(tree, modules_path, arch, variant, tc, gen_out=gen_root)
     if plan_path is not None:
         drift = describe_drift(read_plan(plan_path), plan)
@@ -1151,13 +1217,13 @@ def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jo
         for o in m["objects"]:
             key = object_key(plan, m, o, tc_digest)
             jobs.append(Job(m, o, key, cache_dir / "objects" / key[:2] / f"{key}.o"))
-    todo = [j for j in jobs if not j.path.exists()]
+    todo = [j for j in jobs if not cached_file_ok(j.path)]
     log(f"{len(jobs)} objects in {len(plan['modules'])} modules; {len(jobs) - len(todo)} cached, "
         f"{len(todo)} to compile with -j {jobs_n} (memory budget {mem_budget_mb} MiB)")
     progress = Progress(len(jobs), len(jobs) - len(todo))
     run_jobs(todo, lambda j: Fill(tree, gen_root / j.module["name"], tc), jobs_n, mem_budget_mb,
              nice, progress)
-    stub_dir = write_cuda_stubs(tc, cache_dir / "stubs")
+    stub_dir = write_cuda_stubs(tc, run_dir / "stubs")
     sos: dict[str, Path] = {}
     for m in plan["modules"]:
         objs = [j.path for j in jobs if j.module is m]
@@ -1165,9 +1231,10 @@ def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jo
             {"link": m["link"], "objects": [p.name for p in objs], "tc": tc_digest},
             sort_keys=True).encode()).hexdigest()
         so = cache_dir / "modules" / link_key[:2] / f"{link_key}.so"
-        if not so.exists():
+        if not cached_file_ok(so):
             log(f"linking {m['name']} ({len(objs)} objects)")
             link_one(m, Fill(tree, gen_root / m["name"], tc), objs, so, stub_dir)
+            write_record(so)
         sos[m["name"]] = so
     data = assemble(plan, tc, sos, out)
     log(f"wrote {out / AOT_SUBDIR} ({len(sos)} modules) in {time.monotonic() - progress.t0:.0f}s")

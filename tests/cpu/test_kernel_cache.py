@@ -365,5 +365,130 @@ def test_memory_hints_follow_the_arch() -> None:
     assert sum(o["mem_mb"] == 4000 for o in moe["objects"]) >= 210
 
 
+# --- build()'s cache discipline, with the compiler steps replaced by stand-ins (no nvcc) ---
+
+class _FakeToolchain:
+    """What build()/assemble() read from a Toolchain, without a CUDA install."""
+    nvcc_release = "13.0"
+    cuda_home = Path("/nonexistent/cuda")
+    extra_roots: tuple[Path, ...] = ()
+    host_root = None
+
+    def identity(self) -> dict[str, Any]:
+        return {"fake": True}
+
+    def digest(self) -> str:
+        return "f" * 64
+
+
+def _fake_tree(root: Path) -> Path:
+    (root / "flashinfer" / "data" / "csrc").mkdir(parents=True)
+    (root / "flashinfer" / "__init__.py").write_text("")
+    return root
+
+
+@pytest.fixture
+def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
+    """kc.build with make_plan/compile/link/stubs replaced: each compile reads the module's
+    generated source from this run's gen dir, as nvcc does."""
+    state: dict[str, Any] = {"compiles": 0, "links": 0, "during_compile": None,
+                             "tree": _fake_tree(tmp_path / "tree"), "cache": tmp_path / "cache",
+                             "modules": tmp_path / "modules.json"}
+
+    def make_plan(tree, modules_path, arch, variant, tc, gen_out=None, **kw):
+        if modules_path.name == "dies.json":
+            raise UserError("probe failed (a run that dies early)")
+        (gen_out / "m").mkdir(parents=True)
+        (gen_out / "m" / "gen.cu").write_text("generated source\n")
+        obj = {"out": "m.cuda.o", "src": "@GEN@/gen.cu", "kind": "cuda", "mem_mb": 1,
+               "args": ["nvcc", "@INPUT@"]}
+        return {"schema_version": kc.PLAN_SCHEMA, "flashinfer_version": "0", "arch": arch,
+                "variant": variant, "patched_source_digest": "d" * 64, "nvcc_release": "13.0",
+                "source_markers": [], "object_count": 1,
+                "modules": [{"name": "m", "generator": "g:f", "kwargs": {}, "gen_digest": "g",
+                             "objects": [obj], "link": {"args": ["c++", "@OBJECTS@"]}}]}
+
+    def compile_one(module, obj, fill, out, nice):
+        state["compiles"] += 1
+        if state["during_compile"]:
+            hook, state["during_compile"] = state["during_compile"], None
+            hook()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(b"object of " + (fill.gen_dir / "gen.cu").read_bytes())
+        return 0.0
+
+    def link_one(module, fill, objects, out, stub_dir):
+        state["links"] += 1
+        assert stub_dir.is_dir()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(b"module:" + b"".join(o.read_bytes() for o in objects))
+
+    def write_cuda_stubs(tc, out):
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+    for name, fn in (("make_plan", make_plan), ("compile_one", compile_one),
+                     ("link_one", link_one), ("write_cuda_stubs", write_cuda_stubs)):
+        monkeypatch.setattr(kc, name, fn)
+
+    def run(out: Path, modules: Path | None = None) -> bytes:
+        kc.build(state["tree"], modules or state["modules"], "12.0f", "full", out, 1,
+                 state["cache"], _FakeToolchain(), 1000, 0)  # type: ignore[arg-type]
+        return (out / kc.AOT_SUBDIR / "m" / "m.so").read_bytes()
+
+    state["run"] = run
+    return state
+
+
+def test_build_rebuilds_truncated_cached_object_and_module(
+        fake_build: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cached file is reused only when it matches its sha256 record, never by existence."""
+    good = fake_build["run"](tmp_path / "out1")
+    assert (fake_build["compiles"], fake_build["links"]) == (1, 1)
+    (obj,) = (fake_build["cache"] / "objects").rglob("*.o")
+    (so,) = (fake_build["cache"] / "modules").rglob("*.so")
+    assert fake_build["run"](tmp_path / "out2") == good  # warm: both reused
+    assert (fake_build["compiles"], fake_build["links"]) == (1, 1)
+    capsys.readouterr()
+
+    obj.write_bytes(obj.read_bytes()[:5])  # e.g. a disk that filled up
+    so.write_bytes(so.read_bytes()[:-1])
+    assert fake_build["run"](tmp_path / "out3") == good
+    assert (fake_build["compiles"], fake_build["links"]) == (2, 2)
+    err = capsys.readouterr().err
+    assert f"cached {obj.name}: 5 bytes, its record says" in err and "rebuilding it" in err
+    assert f"cached {so.name}:" in err
+
+    # Same size, other bytes; and a file whose record is gone: rebuilt too.
+    assert kc.record_path(obj).is_file() and kc.record_path(so).is_file()
+    so.write_bytes(b"X" * so.stat().st_size)
+    kc.record_path(obj).unlink()
+    assert fake_build["run"](tmp_path / "out4") == good
+    assert (fake_build["compiles"], fake_build["links"]) == (3, 3)
+    err = capsys.readouterr().err
+    assert f"cached {so.name}: sha256 differs from its record" in err
+    assert f"cached {obj.name}: no valid .sha256 record" in err
+
+
+def test_build_leaves_other_runs_generated_sources_alone(fake_build: dict[str, Any],
+                                                         tmp_path: Path) -> None:
+    """Two builds on one cache and tree at once: one that starts (and dies) while the other
+    compiles must not remove the generated sources the other is compiling from."""
+    dies = tmp_path / "dies.json"
+
+    def second_run() -> None:
+        with pytest.raises(UserError, match="a run that dies early"):
+            fake_build["run"](tmp_path / "other", dies)
+
+    fake_build["during_compile"] = second_run
+    fake_build["run"](tmp_path / "out")
+    assert fake_build["compiles"] == 1 and fake_build["during_compile"] is None
+    assert not (tmp_path / "other").exists()
+    # Each run's scratch (generated sources, link stubs) is gone afterwards; the shared
+    # content-addressed objects and modules stay.
+    assert list((fake_build["cache"] / "gen").iterdir()) == []
+    assert sorted(p.name for p in fake_build["cache"].iterdir()) == ["gen", "modules", "objects"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

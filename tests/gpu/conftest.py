@@ -2,6 +2,9 @@
 
 - No GPU is a failure, not a pass: a GPU test that finds no CUDA device fails loudly, unless
   KIMI_K3_ALLOW_NO_GPU=1 says explicitly that this run may skip (e.g. a dry run on a laptop).
+  The same holds for the imports the suite lives on: test modules import torch (and FlashInfer)
+  through `import_or_fail`, so a host whose torch is missing or broken is a collection error,
+  never a skipped module (KIMI_K3_ALLOW_NO_GPU=1 turns it into a skip).
 - Each test declares the architectures it needs with `@pytest.mark.arch("sm90", "sm120")`; on
   another GPU it is skipped with a reason naming the found and the needed architecture.
 - The device each test ran on is printed and recorded in the JUnit report.
@@ -9,24 +12,53 @@
   separated by os.pathsep: wheels or directories of wheels, e.g. the patched FlashInfer wheel and
   Mooncake) and KIMI_GPU_KERNEL_CACHE (the prebuilt cache for this GPU's arch) are laid out into
   one site directory put first on sys.path (tools/gpu_site.py).
-- FLASHINFER_DISABLE_JIT=1 unless KIMI_K3_GPU_ALLOW_JIT=1: the first call must compile nothing;
-  a module missing from the cache is a named error or a skip naming the module.
+- FLASHINFER_DISABLE_JIT=1 unless KIMI_K3_GPU_ALLOW_JIT=1: the first call must compile nothing.
+  A test names the cached module it needs with `require_cached_module`; which modules the cache
+  must have comes from kernel_cache/modules.json (KIMI_GPU_KERNEL_MODULES under Bazel): every
+  module declared for the cache's arch_list (its kernel_cache.json), restricted to the subset a
+  `--//kernel_cache:only` build was made with (KIMI_GPU_KERNEL_CACHE_ONLY, comma separated, or
+  KIMI_GPU_KERNEL_CACHE_ONLY_FILE). A declared module the cache lacks fails the test; only a
+  module outside that set (declared for other archs, or left out by `only`) is skipped, with the
+  reason (tools/gpu_site.py module_verdict).
 - Under Bazel, pytest's JUnit XML goes to XML_OUTPUT_FILE (as in the CPU suite).
+- Nothing runs this suite in CI (.ci/run runs the CPU suite only): run it on a GPU host with
+  `tools/bazel test //tests/gpu/... --config=gpu` or tools/run_gpu_suite.py.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 if os.environ.get("KIMI_K3_GPU_ALLOW_JIT") != "1":
     os.environ["FLASHINFER_DISABLE_JIT"] = "1"
 
+ROOT = Path(__file__).absolute().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from tools import gpu_site  # noqa: E402
+
 CACHED_MODULES: list[str] = []
+
+
+def import_or_fail(name: str) -> ModuleType:
+    """Import a module the GPU tests need (torch, flashinfer). Failing to import it is a broken
+    GPU host: the error propagates (a collection error), unless KIMI_K3_ALLOW_NO_GPU=1, which
+    skips the whole module with the reason."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if os.environ.get("KIMI_K3_ALLOW_NO_GPU") == "1":
+            pytest.skip(f"cannot import {name} ({e}), and KIMI_K3_ALLOW_NO_GPU=1 allows skipping",
+                        allow_module_level=True)
+        raise
 
 
 def _prepare_site() -> None:
@@ -36,10 +68,6 @@ def _prepare_site() -> None:
     cache = os.environ.get("KIMI_GPU_KERNEL_CACHE")
     if not wheels and not cache:
         return
-    root = Path(__file__).absolute().parents[2]
-    sys.path.insert(0, str(root))
-    from tools import gpu_site
-
     site = Path(tempfile.mkdtemp(prefix="kimi-gpu-site-", dir=os.environ.get("TEST_TMPDIR")))
     CACHED_MODULES.extend(gpu_site.prepare(site, wheels, Path(cache).absolute() if cache else None))
     sys.path.insert(0, str(site))
@@ -54,14 +82,29 @@ def pytest_configure(config: pytest.Config) -> None:
     _prepare_site()
 
 
+def _cache_only() -> list[str]:
+    only = os.environ.get("KIMI_GPU_KERNEL_CACHE_ONLY", "")
+    only_file = os.environ.get("KIMI_GPU_KERNEL_CACHE_ONLY_FILE")
+    if only_file:
+        only += "," + Path(only_file).read_text()
+    return gpu_site.parse_only(only)
+
+
 def require_cached_module(name: str) -> None:
-    """Skip, naming the module and how to build it, when the prebuilt cache lacks it."""
+    """Run, skip or fail a test that needs FlashInfer module `name` from the prebuilt cache, as
+    gpu_site.module_verdict decides (see the policy above). With JIT allowed, always run."""
     if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
         return
-    if name not in CACHED_MODULES:
-        pytest.skip(f"FlashInfer module {name} is not in the prebuilt kernel cache "
-                    f"(has: {', '.join(CACHED_MODULES) or 'none'}); build it with "
-                    f"`tools/bazel build //kernel_cache:cache --//kernel_cache:arch=<this GPU>`")
+    modules_json = Path(os.environ.get("KIMI_GPU_KERNEL_MODULES") or gpu_site.MODULES_JSON)
+    if not modules_json.is_file():
+        pytest.fail(f"{modules_json}: missing; it says which modules the kernel cache must have "
+                    "(set KIMI_GPU_KERNEL_MODULES to kernel_cache/modules.json)")
+    verdict, why = gpu_site.module_verdict(name, installed_cache_meta(), modules_json,
+                                           _cache_only())
+    if verdict == "skip":
+        pytest.skip(why)
+    if verdict == "fail":
+        pytest.fail(why)
 
 
 def _device() -> tuple[str, str] | None:
@@ -90,11 +133,18 @@ def _gpu_policy(request: pytest.FixtureRequest, record_property) -> None:
         pytest.skip(f"needs {'/'.join(marker.args)}; this GPU is {name} ({arch})")
 
 
+def installed_cache_meta() -> dict[str, Any] | None:
+    """kernel_cache.json of the cache installed in the flashinfer package under test (None when
+    there is none)."""
+    flashinfer = import_or_fail("flashinfer")
+    meta = Path(flashinfer.__file__).parent / "data" / "aot" / "kernel_cache.json"
+    return json.loads(meta.read_text()) if meta.is_file() else None
+
+
 def kernel_cache_meta() -> dict:
     """kernel_cache.json of the cache installed in the flashinfer package under test."""
-    import flashinfer
-
-    meta = Path(flashinfer.__file__).parent / "data" / "aot" / "kernel_cache.json"
-    if not meta.is_file():
-        pytest.fail(f"no kernel cache installed: {meta} is missing (set KIMI_GPU_KERNEL_CACHE)")
-    return json.loads(meta.read_text())
+    meta = installed_cache_meta()
+    if meta is None:
+        pytest.fail("no kernel cache installed: flashinfer/data/aot/kernel_cache.json is missing "
+                    "(set KIMI_GPU_KERNEL_CACHE)")
+    return meta

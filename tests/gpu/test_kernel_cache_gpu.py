@@ -2,7 +2,9 @@
 
 Every check runs on fresh random inputs against a float64 torch reference. The cache must have
 been built for this GPU's own architecture (9.0a on Hopper, 12.0f on SM120); FlashInfer is the
-stack's (patched) wheel laid out by conftest.py, so nothing here can compile a kernel.
+stack's (patched) wheel laid out by conftest.py, so nothing here can compile a kernel. A module
+that kernel_cache/modules.json declares for the cache's arch and the cache lacks fails the test
+(conftest.py require_cached_module); a missing torch or FlashInfer fails it too.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).absolute().parent))
-from conftest import kernel_cache_meta, require_cached_module  # noqa: E402
+from conftest import import_or_fail, kernel_cache_meta, require_cached_module  # noqa: E402
 
-torch = pytest.importorskip("torch")
+torch = import_or_fail("torch")
 
 ARCH_OF_CAPABILITY = {(9, 0): "9.0a", (12, 0): "12.0f", (12, 1): "12.0f"}
 
