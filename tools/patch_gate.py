@@ -10,12 +10,16 @@ Pipeline per target (a pinned wheel, or an unpacked wheel directory):
   4. only if no patch conflicts: verify every untouched file against the wheel's RECORD, write
      the manifest of changed files, and rename the scratch tree onto the output in one step.
 
-Subcommands: apply, check, update-manifest, remap, repack-wheel (see `--help` and
-flashinfer_patches/README.md). Exit codes: 0 ok, 1 conflict or manifest drift, 2 bad input.
+Subcommands: apply, check, update-manifest, check-manifest, install-manifest, remap, repack-wheel
+(see `--help` and flashinfer_patches/README.md). Exit codes: 0 ok, 1 conflict or manifest drift,
+2 bad input (a malformed patch included).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +39,9 @@ from tools.errors import UserError, run_cli
 STATE_APPLIES = "applies"
 STATE_UPSTREAM = "already upstream"
 STATE_CONFLICTS = "conflicts"
+# Every file of the patch is outside the wheel (tests/, benchmarks/...): nothing was applied, and
+# saying `applies` would claim (in the table, the manifest and the SBOM) that it was.
+STATE_EXCLUDED = "excluded"
 MANIFEST_SCHEMA_VERSION = 1
 LAYOUT_SCHEMA_VERSION = 1
 EXIT_REFUSED = 1
@@ -73,16 +80,52 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def replace_dir(new: Path, target: Path) -> None:
-    """Put a finished directory in place of `target` (absent or a previous output)."""
+    """Put a finished directory in place of `target` (absent or a previous output).
+
+    Concurrent applies to one output are serialised by an flock on a sibling lock file (without
+    it their renames race: ENOTEMPTY, a vanished target). A previous output is swapped out with
+    one rename(RENAME_EXCHANGE) where the file system has it, so readers always find a directory
+    at `target`; elsewhere two renames leave a moment without one. `new` is gone afterwards.
+    """
     if target.is_symlink() or target.is_file():
         raise UserError(f"--out-dir {target}: exists and is not a directory; remove it or pick another path")
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = new.parent / (target.name + ".previous")
-    os.rename(target, old)
-    os.rename(new, target)
-    shutil.rmtree(old)
+    parent = target.resolve().parent
+    garbage: Path | None = None  # what holds the previous output afterwards
+    with open(parent / f".{target.name}.lock", "a") as lock:  # "a": create, never truncate
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise UserError(f"--out-dir {target}: exists and is not a directory; remove it or pick another path")
+        if not target.exists():
+            os.rename(new, target)
+        elif _exchange(new, target):
+            garbage = new
+        else:
+            garbage = Path(tempfile.mkdtemp(prefix=f".{target.name}.previous-", dir=parent))
+            os.rename(target, garbage / "tree")
+            os.rename(new, target)
+    if garbage is not None:  # outside the lock: deleting a large tree must not hold up other writers
+        shutil.rmtree(garbage)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:  # C libraries before glibc 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 # --------------------------------------------------------------------------- series
@@ -272,21 +315,33 @@ class FileSection:
         return self.new_path or self.old_path or ""
 
 
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 def split_patch(text: str, origin: str) -> tuple[list[str], list[FileSection]]:
     """Split git-format patch text into its preamble and file sections.
 
     Only git-format patches are accepted: a body line always starts with ' ', '+', '-' or '\\',
-    so a line starting with 'diff --git ' is unambiguously a section header.
+    so a line starting with 'diff --git ' is unambiguously a section header. Hunks are checked
+    against their headers' line counts (a cut patch is bad input, not a conflict), and a plain
+    `---`/`+++` pair outside a section header is refused: git would apply it as one more file.
     """
     lines = text.split("\n")
     starts = [i for i, line in enumerate(lines) if line.startswith("diff --git ")]
     if not starts:
         raise UserError(f"{origin}: no `diff --git` header; regenerate the patch with `git diff` or `git format-patch`")
-    sections = [parse_section(lines[a:b], origin) for a, b in zip(starts, starts[1:] + [len(lines)])]
+    _refuse_plain_sections(lines, 0, starts[0], origin)
+    ends = starts[1:] + [len(lines) - 1 if text.endswith("\n") else len(lines)]
+    sections = [parse_section(lines[a:b], origin, first_line=a + 1) for a, b in zip(starts, ends)]
     return lines[: starts[0]], sections
+
+
+def _refuse_plain_sections(lines: list[str], begin: int, end: int, origin: str) -> None:
+    """Refuse a `--- `/`+++ ` pair in lines[begin:end] (text git would read as a traditional diff)."""
+    for i in range(begin, min(end, len(lines) - 1)):
+        if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "):
+            raise UserError(f"{origin}: line {i + 1}: a `---`/`+++` file section without a `diff --git` header "
+                            "(git would apply it, the gate would not report it); regenerate the patch with `git diff`")
 
 
 def _strip_prefix(name: str, prefix: str, origin: str) -> str:
@@ -297,21 +352,44 @@ def _strip_prefix(name: str, prefix: str, origin: str) -> str:
     return name[len(prefix):]
 
 
-def parse_section(lines: list[str], origin: str) -> FileSection:
-    """Read the paths, modes and hunks of one file section."""
+def parse_section(lines: list[str], origin: str, first_line: int = 1) -> FileSection:
+    """Read the paths, modes and hunks of one file section (lines[0] is patch line `first_line`)."""
     old_path: str | None = None
     new_path: str | None = None
     saw_minus = saw_plus = False
     renamed: dict[str, str] = {}
     hunks: list[Hunk] = []
     in_header = True
-    for line in lines[1:]:
+    binary = False
+    # Lines still owed by the open hunk (old side, new side), from its header's counts.
+    owed_old = owed_new = 0
+    for offset, line in enumerate(lines[1:], start=1):
+        number = first_line + offset
+        if owed_old or owed_new:
+            # An empty line is a context line whose trailing space was stripped; git accepts it.
+            kind = line[:1] or " "
+            if kind not in " +-\\":
+                _corrupt(origin, number, hunks[-1], lines[0], "a line that is not ' ', '+', '-' or '\\'")
+            owed_old -= kind in " -"
+            owed_new -= kind in " +"
+            if owed_old < 0 or owed_new < 0:
+                _corrupt(origin, number, hunks[-1], lines[0], "more lines than its header counts")
+            continue
         if in_header and (line.startswith("@@ ") or line.startswith("GIT binary patch")):
             in_header = False
+            binary = line.startswith("GIT binary patch")
         if not in_header:
-            match = _HUNK_RE.match(line)
-            if match:
-                hunks.append(Hunk(len(hunks) + 1, int(match.group(1)), int(match.group(2)), line))
+            if line.startswith("@@") and not binary:
+                match = _HUNK_RE.match(line)
+                if not match:
+                    raise UserError(f"{origin}: corrupt patch at line {number}: {line[:60]!r} is not a hunk header; regenerate the patch")
+                hunks.append(Hunk(len(hunks) + 1, int(match.group(1)), int(match.group(3)), line))
+                owed_old = 1 if match.group(2) is None else int(match.group(2))
+                owed_new = 1 if match.group(4) is None else int(match.group(4))
+            elif line.startswith("--- ") and offset + 1 < len(lines) and lines[offset + 1].startswith("+++ "):
+                raise UserError(f"{origin}: line {number}: a `---`/`+++` file section after the hunks of "
+                                f"{lines[0][11:]} without its own `diff --git` header (git would apply it, the gate "
+                                "would not report it); regenerate the patch with `git diff`")
             continue
         for key in ("new file mode ", "deleted file mode ", "old mode ", "new mode "):
             if line.startswith(key) and line[len(key):].strip() not in _ALLOWED_MODES:
@@ -330,6 +408,9 @@ def parse_section(lines: list[str], origin: str) -> FileSection:
             for key in ("rename from ", "rename to ", "copy from ", "copy to "):
                 if line.startswith(key):
                     renamed[key.split()[1]] = line[len(key):]
+    if owed_old or owed_new:
+        _corrupt(origin, first_line + len(lines) - 1, hunks[-1], lines[0],
+                 f"the patch ends {owed_old or owed_new} lines short of its header's count")
     if not (saw_minus and saw_plus):
         old_path, new_path = _paths_from_git_header(lines[0], renamed, origin)
         if any(l.startswith("new file mode ") for l in lines):
@@ -342,6 +423,12 @@ def parse_section(lines: list[str], origin: str) -> FileSection:
                 raise UserError(f"{origin}: path {path!r} contains whitespace; rename the file")
             wheel_repack.check_member_path(path, origin)
     return FileSection(lines=lines, old_path=old_path, new_path=new_path, hunks=hunks)
+
+
+def _corrupt(origin: str, number: int, hunk: Hunk, header: str, what: str) -> None:
+    """A hunk whose body does not match its header's line counts: a cut or hand-edited patch."""
+    raise UserError(f"{origin}: corrupt patch at line {number}: hunk #{hunk.number} of {header[11:]} has {what} "
+                    "(the patch was cut or hand-edited); regenerate it with `git diff`")
 
 
 def _paths_from_git_header(header: str, renamed: dict[str, str], origin: str) -> tuple[str, str]:
@@ -557,10 +644,19 @@ class GateResult:
     changed: dict[str, tuple[str | None, str | None, list[str]]]
     untouched_verified: int
     record_files: int
+    # Set when an expected manifest was given: where it is and each difference from the built one.
+    expected_manifest: Path | None = None
+    drift: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """No patch conflicts (the series itself went through)."""
         return all(r.state != STATE_CONFLICTS for r in self.results)
+
+    @property
+    def accepted(self) -> bool:
+        """No conflict and no drift: the only case in which anything is written."""
+        return self.ok and not self.drift
 
 
 def refuse_symlinked_paths(tree: Path, patch: RemappedPatch) -> None:
@@ -582,6 +678,14 @@ def classify_patch(tree: Path, patch_file: Path, patch: RemappedPatch, git: GitA
         return STATE_APPLIES, _offsets(forward_out), []
     if reverse_ok and not forward_ok:
         return STATE_UPSTREAM, _offsets(reverse_out), []
+    if not (forward_ok or reverse_ok):
+        # The parser above refuses cut patches first; this catches whatever else git cannot parse,
+        # which is bad input, not a conflict with the target.
+        unreadable = re.search(r"^(?:error: )?((?:corrupt patch|patch fragment without header|git diff header lacks|"
+                               r"No valid patches|unrecognized input).*)$", forward_out, re.M)
+        if unreadable:
+            raise UserError(f"{patch.source.entry.label}: git apply cannot read the remapped patch ({unreadable.group(1)}); "
+                            "regenerate the patch with `git diff`")
     if forward_ok and reverse_ok:
         return STATE_CONFLICTS, {}, ["applies both forward and in reverse: cannot tell whether it is already upstream; regenerate it with more context (-U5)"]
     return STATE_CONFLICTS, {}, diagnose_conflict(tree, patch_file, patch, git)
@@ -724,8 +828,13 @@ def _hash_or_none(path: Path) -> str | None:
     return wheel_repack.sha256_file(path) if path.is_file() else None
 
 
-def run_gate(inputs: GateInputs, out_dir: Path | None) -> GateResult:
-    """Check and apply the series in a scratch copy; on success move the full tree to out_dir."""
+def run_gate(inputs: GateInputs, out_dir: Path | None, expected_manifest: Path | None = None) -> GateResult:
+    """Check and apply the series in a scratch copy; on success move the full tree to out_dir.
+
+    With `expected_manifest`, the built manifest is compared with it before out_dir is touched:
+    on drift the previous output stays as it was (result.drift lists the differences).
+    """
+    expected = _read_manifest(expected_manifest) if expected_manifest else None
     remapped = [remap_patch(source, inputs.layout) for source in inputs.sources]
     touched = _touched_paths(remapped)
     if inputs.target.is_dir():
@@ -739,7 +848,7 @@ def run_gate(inputs: GateInputs, out_dir: Path | None) -> GateResult:
         work = scratch / "work"
         target_sha = materialize_work_tree(inputs.target, work, touched)
         dist = wheel_repack.find_dist_info(work)
-        record = wheel_repack.read_record(work, dist)
+        record = wheel_repack.read_record(work, dist, f"wheel {inputs.target.name}" if target_sha else f"--target {inputs.target}")
         results, before, changed_by = _apply_series(work, scratch / "patches", remapped, inputs.git)
         result = GateResult(inputs=inputs, target_sha256=target_sha, dist=dist, results=results, changed={},
                             untouched_verified=0, record_files=sum(1 for e in record.values() if e.sha256))
@@ -756,6 +865,11 @@ def run_gate(inputs: GateInputs, out_dir: Path | None) -> GateResult:
         else:
             result.untouched_verified = wheel_repack.verify_untouched(inputs.target, record, set(before))
         log(f"verified {result.untouched_verified} untouched files against RECORD in {time.monotonic() - started:.1f} s")
+        if expected is not None:
+            result.expected_manifest = expected_manifest
+            result.drift = manifest_drift(expected, build_manifest(result))
+            if result.drift:
+                return result
         if out_dir is not None:
             replace_dir(_full_tree(inputs.target, work, scratch, set(before)), out_dir)
         return result
@@ -800,7 +914,7 @@ def _apply_series(tree: Path, patch_dir: Path, remapped: list[RemappedPatch], gi
         label = patch.source.entry.label
         log(f"patch {index}/{len(remapped)} {label}: {len(patch.files)} files, {len(patch.excluded)} excluded")
         if not patch.files:
-            results.append(PatchResult(index, patch, STATE_APPLIES, note="every file excluded: nothing to apply"))
+            results.append(PatchResult(index, patch, STATE_EXCLUDED, note="every file excluded: nothing to apply"))
             continue
         refuse_symlinked_paths(tree, patch)
         patch_file = patch_dir / f"{index:02d}.patch"
@@ -933,9 +1047,12 @@ def render_table(result: GateResult) -> str:
     excluded = [d for d in details if ": excluded " in d]
     if excluded:
         lines += ["excluded (not in the wheel):", *excluded]
-    if result.ok:
+    if result.accepted:
         lines.append(f"result: series applied; {len(result.changed)} files changed, "
                      f"{result.untouched_verified} untouched files verified against RECORD")
+    elif result.ok:
+        lines.append(f"result: REFUSED; nothing was written (the built manifest differs from "
+                     f"{result.expected_manifest} in {len(result.drift)} places, listed on stderr)")
     else:
         lines.append("result: REFUSED; nothing was written (conflicting patches above; later patches were "
                      "checked against a tree without them)")
@@ -971,44 +1088,99 @@ def _report(result: GateResult, table_path: Path | None) -> None:
     table = render_table(result)
     sys.stdout.write(table)
     sys.stdout.flush()
-    if table_path is not None and result.ok:
+    if table_path is not None and result.accepted:
         write_atomic(table_path, table.encode("utf-8"))
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"--expected-manifest {path}: unreadable ({e}); run `patch_gate.py update-manifest` to create it") from e
+        raise UserError(f"--expected-manifest {path}: unreadable ({e}); {fix_command(path)} creates it") from e
+    if not isinstance(doc, dict) or doc.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+        raise UserError(f"{path}: not a schema_version {MANIFEST_SCHEMA_VERSION} patch gate manifest; {fix_command(path)} rewrites it")
+    return doc
 
 
-def _check_drift(expected_path: Path, manifest: dict[str, Any]) -> bool:
-    drift = manifest_drift(_read_manifest(expected_path), manifest)
-    if drift:
-        print(f"manifest drift against {expected_path} ({len(drift)} differences):", file=sys.stderr)
-        for line in drift:
-            print(f"  {line}", file=sys.stderr)
-        print("fix the inputs, or if the change is intended run `patch_gate.py update-manifest` and review the diff",
-              file=sys.stderr)
-    return not drift
+def fix_command(expected_path: Path) -> str:
+    """The command that rewrites an expected manifest: the Bazel target for the committed ones."""
+    stack = expected_path.name.removesuffix(".manifest.json")
+    package = expected_path.parent.name
+    if expected_path.name.endswith(".manifest.json") and package in ("flashinfer_patches", "sglang_patches"):
+        config = "" if stack == "default" else f" --config={stack}"
+        return f"`tools/bazel run //{package}:update_manifest{config}`"
+    return (f"`python3 -m tools.patch_gate update-manifest <the same --series/--target/--layout/--pin-file/--lock/"
+            f"--target-pin> --expected-manifest {expected_path}`")
+
+
+def print_drift(expected_path: Path, drift: list[str]) -> None:
+    """The drift report: the manifest, every differing field (file paths named), and the fix."""
+    print(f"manifest drift against {expected_path} ({len(drift)} differences):", file=sys.stderr)
+    for line in drift:
+        print(f"  {line}", file=sys.stderr)
+    print(f"fix the inputs, or if the change is intended run {fix_command(expected_path)} and review the diff of "
+          f"{expected_path}", file=sys.stderr)
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     inputs = _gate_inputs(args)
-    result = run_gate(inputs, None if args.check_only else args.out_dir)
+    result = run_gate(inputs, None if args.check_only else args.out_dir, args.expected_manifest)
     _report(result, args.table)
-    if not result.ok:
+    if result.drift:
+        print_drift(args.expected_manifest, result.drift)
+    if not result.accepted:
         return EXIT_REFUSED
-    manifest = build_manifest(result)
     if args.manifest:
-        write_atomic(args.manifest, canonical_json(manifest))
+        write_atomic(args.manifest, canonical_json(build_manifest(result)))
     if args.remapped_dir:
         write_remapped(args.remapped_dir, [r.patch for r in result.results])
-    if args.expected_manifest and not _check_drift(args.expected_manifest, manifest):
-        if args.out_dir and not args.check_only:
-            shutil.rmtree(args.out_dir, ignore_errors=True)  # a drifted tree must not be consumed
-        return EXIT_REFUSED
     return 0
+
+
+def cmd_check_manifest(args: argparse.Namespace) -> int:
+    """Compare a built manifest with the expected one (the Bazel validation of the gate's tree)."""
+    try:
+        built = json.loads(args.built.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"--built {args.built}: unreadable ({e}); pass the gate's manifest.json") from e
+    drift = manifest_drift(_read_manifest(args.expected_manifest), built)
+    if drift:
+        print_drift(args.expected_manifest, drift)
+        return EXIT_REFUSED
+    if args.stamp:
+        write_atomic(args.stamp, f"{args.expected_manifest}: no drift\n".encode("utf-8"))
+    return 0
+
+
+def cmd_install_manifest(args: argparse.Namespace) -> int:
+    """Write a built manifest over the committed expected one (`bazel run //...:update_manifest`)."""
+    try:
+        data = args.built.read_bytes()
+        built = json.loads(data)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"--built {args.built}: unreadable ({e}); pass the gate's manifest.json") from e
+    if not isinstance(built, dict) or built.get("schema_version") != MANIFEST_SCHEMA_VERSION or "patches" not in built:
+        raise UserError(f"--built {args.built}: not a patch gate manifest; pass the gate's manifest.json")
+    target = _workspace_path(args.expected_manifest)
+    try:
+        old = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        old = None  # an unreadable manifest is what this command repairs
+    write_atomic(target, canonical_json(built))
+    if isinstance(old, dict):
+        changes = manifest_drift(old, built)
+        log(f"wrote {target}: {len(changes)} fields changed; review `git diff {args.expected_manifest}`")
+        for line in changes:
+            log(f"  {line}")
+    else:
+        log(f"wrote {target} (new); review it before committing")
+    return 0
+
+
+def _workspace_path(path: Path) -> Path:
+    """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree)."""
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    return Path(workspace) / path if workspace and not path.is_absolute() else path
 
 
 def cmd_update_manifest(args: argparse.Namespace) -> int:
@@ -1017,10 +1189,7 @@ def cmd_update_manifest(args: argparse.Namespace) -> int:
     _report(result, args.table)
     if not result.ok:
         return EXIT_REFUSED
-    target = args.expected_manifest
-    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")  # set by `bazel run`
-    if workspace and not target.is_absolute():
-        target = Path(workspace) / target
+    target = _workspace_path(args.expected_manifest)
     write_atomic(target, canonical_json(build_manifest(result)))
     log(f"wrote {target}")
     return 0
@@ -1085,6 +1254,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gate_args(update)
     update.add_argument("--expected-manifest", type=Path, required=True, help="path to (re)write; relative to the workspace under `bazel run`")
     update.set_defaults(func=cmd_update_manifest)
+
+    check_manifest = sub.add_parser("check-manifest", help="fail (exit 1) naming every drift of a built manifest against the expected one")
+    check_manifest.add_argument("--built", type=Path, required=True, help="the manifest.json the gate wrote")
+    check_manifest.add_argument("--expected-manifest", type=Path, required=True, help="the committed <stack>.manifest.json")
+    check_manifest.add_argument("--stamp", type=Path, help="on success write a one-line stamp here (a Bazel validation output)")
+    check_manifest.set_defaults(func=cmd_check_manifest)
+
+    install = sub.add_parser("install-manifest", help="write a built manifest over the expected one, atomically (review its diff)")
+    install.add_argument("--built", type=Path, required=True, help="the manifest.json the gate wrote")
+    install.add_argument("--expected-manifest", type=Path, required=True, help="path to (re)write; relative to the workspace under `bazel run`")
+    install.set_defaults(func=cmd_install_manifest)
 
     remap = sub.add_parser("remap", help="write the wheel-layout patches of a series for review (no target needed)")
     remap.add_argument("--series", type=Path, required=True)

@@ -10,6 +10,7 @@ zip, which no well-kept packaging library writes (wheel/build embed current time
 from __future__ import annotations
 
 import base64
+import binascii
 import csv
 import hashlib
 import io
@@ -20,6 +21,7 @@ import stat
 import tempfile
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
@@ -91,6 +93,22 @@ def open_wheel(wheel: Path) -> zipfile.ZipFile:
         raise UserError(f"wheel {wheel}: cannot open as zip ({e}); pass the pinned .whl file") from e
 
 
+# What zipfile raises for a damaged member: bad CRC-32 / truncated data (BadZipFile, EOFError),
+# corrupt deflate stream (zlib.error), unknown compression or encryption (NotImplementedError,
+# RuntimeError), a bad local header (BadZipFile, ValueError).
+_MEMBER_ERRORS = (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, RuntimeError, ValueError)
+
+
+def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path, sink: Callable[[bytes], object]) -> None:
+    """Stream one member's bytes into `sink`; a damaged member is a one-line error naming it."""
+    try:
+        with archive.open(info) as member:
+            for chunk in iter(lambda: member.read(_HASH_CHUNK), b""):
+                sink(chunk)
+    except _MEMBER_ERRORS as e:
+        raise UserError(f"wheel {wheel.name}: member {info.filename} is damaged ({e}); re-fetch the pinned wheel") from e
+
+
 def unpack_wheel(wheel: Path, dest: Path, only: Callable[[str], bool] | None = None) -> int:
     """Extract a wheel's files (all, or those `only` accepts) into a directory; returns the count."""
     count = 0
@@ -100,8 +118,8 @@ def unpack_wheel(wheel: Path, dest: Path, only: Callable[[str], bool] | None = N
                 continue
             target = dest.joinpath(*name.split("/"))
             target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(info) as src, target.open("wb") as out:
-                shutil.copyfileobj(src, out, _HASH_CHUNK)
+            with target.open("wb") as out:
+                read_member(archive, info, wheel, out.write)
             target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
             count += 1
     return count
@@ -137,25 +155,41 @@ def _record_digest_to_hex(digest: str, origin: str) -> str:
     algo, sep, b64 = digest.partition("=")
     if not sep or algo != "sha256":
         raise UserError(f"{origin}: hash {digest!r} is not sha256; only sha256 RECORDs are verifiable")
-    raw = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))
+    try:
+        raw = base64.b64decode(b64 + "=" * (-len(b64) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise UserError(f"{origin}: hash {digest!r} is not urlsafe base64 ({e}); re-fetch the pinned wheel") from e
+    if len(raw) != hashlib.sha256().digest_size:
+        raise UserError(f"{origin}: hash {digest!r} is {len(raw)} bytes, not a sha256; re-fetch the pinned wheel")
     return raw.hex()
 
 
-def read_record(tree: Path, dist: DistInfo) -> dict[str, RecordEntry]:
-    """RECORD of a wheel tree as path -> entry (csv: paths may be quoted)."""
+def read_record(tree: Path, dist: DistInfo, origin: str | None = None) -> dict[str, RecordEntry]:
+    """RECORD of a wheel tree as path -> entry (csv: paths may be quoted).
+
+    `origin` names the input in errors (e.g. `wheel X.whl`) when the tree is a scratch copy.
+    """
     record_path = tree / dist.dirname / "RECORD"
+    where = f"{origin}: {dist.dirname}/RECORD" if origin else str(record_path)
     if not record_path.is_file():
-        raise UserError(f"{record_path}: missing; the wheel has no RECORD to verify against")
+        raise UserError(f"{where}: missing; the wheel has no RECORD to verify against")
     entries: dict[str, RecordEntry] = {}
-    with record_path.open(newline="", encoding="utf-8") as f:
-        for row in csv.reader(f):
-            if not row:
-                continue
-            if len(row) != 3:
-                raise UserError(f"{record_path}: malformed row {row!r}; re-fetch the pinned wheel")
-            path, digest, size = row
-            sha = _record_digest_to_hex(digest, str(record_path)) if digest else None
-            entries[path] = RecordEntry(sha256=sha, size=int(size) if size else None)
+    try:
+        with record_path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"{where}: unreadable ({e}); re-fetch the pinned wheel") from e
+    for number, row in enumerate(rows, start=1):
+        if not row:
+            continue
+        if len(row) != 3:
+            raise UserError(f"{where}: malformed row {number} {row!r}; re-fetch the pinned wheel")
+        path, digest, size = row
+        member = f"{where} row {number} ({path})"
+        sha = _record_digest_to_hex(digest, member) if digest else None
+        if size and not (size.isascii() and size.isdigit()):
+            raise UserError(f"{member}: size {size!r} is not a number; re-fetch the pinned wheel")
+        entries[path] = RecordEntry(sha256=sha, size=int(size) if size else None)
     return entries
 
 
@@ -193,9 +227,7 @@ def verify_archive_untouched(wheel: Path, record: dict[str, RecordEntry], touche
             if name in touched:
                 continue
             digest = hashlib.sha256()
-            with archive.open(info) as member:
-                for chunk in iter(lambda: member.read(_HASH_CHUNK), b""):
-                    digest.update(chunk)
+            read_member(archive, info, wheel, digest.update)
             actual[name] = digest.hexdigest()
     return compare_with_record(actual, record, touched)
 

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import csv
 import hashlib
+import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -409,6 +414,323 @@ def test_committed_series_files_parse() -> None:
     pypi_text = (REPO / "flashinfer_patches" / "pypi.series").read_text()
     assert patch_gate.read_series(REPO / "flashinfer_patches" / "pypi.series") == []
     assert "0.7.2" in pypi_text and "SiTU" in pypi_text  # says why #4460 is not needed
+
+
+# ----------------------------------------------------------------------------- malformed patches
+
+
+def core_patch(tmp_path: Path, fi_tree: Path, marker: bytes = b"# kimi-k3 fixture") -> bytes:
+    core = (fi_tree / CORE_PY).read_bytes()
+    return make_git_patch(tmp_path, {CORE_PY: core}, {CORE_PY: insert_before(core, b"def cutlass_fused_moe(", marker)})
+
+
+@pytest.mark.parametrize("cut", ["line", "mid-line"])
+def test_patch_cut_mid_hunk_is_bad_input_naming_the_line(cut: str, fi_tree: Path, fi_wheel: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    lines = core_patch(tmp_path, fi_tree).split(b"\n")  # ends with b"": the final newline
+    kept = lines[:-3]  # drop the last two lines of the hunk
+    data = b"\n".join(kept) + b"\n" if cut == "line" else b"\n".join(kept + [lines[-3][:3]])
+    series = write_series(tmp_path / "series", {"0001-cut.patch": data})
+    rc, out, err = gate(capsys, *check_args(series, fi_wheel))
+    last = len(kept) + (0 if cut == "line" else 1)
+    assert rc == 2, out + err
+    assert f"file:0001-cut.patch: corrupt patch at line {last}: hunk #1 of a/{CORE_PY} b/{CORE_PY}" in err, err
+    assert "conflicts" not in out and "conflicts" not in err
+
+
+def test_hunk_longer_than_its_header_is_bad_input(fi_tree: Path, fi_wheel: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    text = core_patch(tmp_path, fi_tree).decode()
+    # One more added line than the header counts, in the middle of the hunk.
+    edited = text.replace("+# kimi-k3 fixture\n", "+# kimi-k3 fixture\n+# hand-added\n")
+    series = write_series(tmp_path / "series", {"0001-edited.patch": edited.encode()})
+    rc, _, err = gate(capsys, *check_args(series, fi_wheel))
+    assert rc == 2 and "corrupt patch at line" in err and "hunk #1" in err, err
+
+
+@pytest.mark.parametrize("where", ["after a hunk", "in the preamble", "after an excluded section"])
+def test_plain_diff_section_without_git_header_is_refused(where: str, fi_tree: Path, fi_wheel: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """git apply also applies plain `---`/`+++` sections; the gate splits on `diff --git` only,
+    so such a section would be applied without being reported (or kept for review)."""
+    activation = (fi_tree / "flashinfer" / "activation.py").read_bytes()
+    plain = make_git_patch(tmp_path / "plain", {"flashinfer/activation.py": activation},
+                           {"flashinfer/activation.py": b"# smuggled\n" + activation}).decode()
+    plain = plain[plain.index("--- a/"):]  # the same hunk without its `diff --git` header lines
+    core = core_patch(tmp_path / "core", fi_tree).decode()
+    excluded = make_git_patch(tmp_path / "excl", {TEST_SRC: b"a = 1\n"}, {TEST_SRC: b"a = 2\n"}).decode()
+    text = {"after a hunk": core + plain, "in the preamble": "Subject: x\n\n" + plain + core,
+            "after an excluded section": core + excluded + plain}[where]
+    line = text[: text.index("--- a/flashinfer/activation.py")].count("\n") + 1
+    # What git itself does with the text: it applies the plain section too.
+    probe = tmp_path / "probe"
+    (probe / "flashinfer").mkdir(parents=True)
+    shutil.copy(fi_tree / "flashinfer" / "activation.py", probe / "flashinfer" / "activation.py")
+    (probe / "p.patch").write_text(plain)
+    subprocess.run(["git", "apply", "p.patch"], cwd=probe, env=git_env(probe), check=True)
+    assert (probe / "flashinfer" / "activation.py").read_bytes().startswith(b"# smuggled\n")
+
+    series = write_series(tmp_path / "series", {"0001-smuggle.patch": text.encode()})
+    out_dir = tmp_path / "out"
+    rc, out, err = gate(capsys, *apply_args(series, fi_wheel, out_dir))
+    assert rc == 2, out + err
+    assert f"file:0001-smuggle.patch: line {line}: a `---`/`+++` file section" in err, err
+    assert not out_dir.exists()
+
+
+def test_committed_patches_parse_with_hunk_counts() -> None:
+    """The strict parser accepts every committed SGLang patch (format-patch trailers included)."""
+    for patch in sorted((REPO / "sglang_patches").glob("*.patch")):
+        _, sections = patch_gate.split_patch(patch.read_text(), patch.name)
+        assert sections and all(s.hunks for s in sections), patch.name
+
+
+# ----------------------------------------------------------------------------- states, drift, output
+
+
+def test_entry_with_every_file_excluded_is_reported_excluded(fi_wheel: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tools import sbom
+
+    patch = make_git_patch(tmp_path, {TEST_SRC: b"a = 1\n"}, {TEST_SRC: b"a = 2\n"})
+    series = write_series(tmp_path / "series", {"0001-tests-only.patch": patch})
+    manifest = tmp_path / "manifest.json"
+    rc, out, err = gate(capsys, *check_args(series, fi_wheel, "--manifest", manifest))
+    assert rc == 0, out + err
+    assert re.search(r"^1\s+file:0001-tests-only.patch\s+excluded\s+excluded: " + re.escape(TEST_SRC), out, re.M), out
+    doc = json.loads(manifest.read_text())
+    assert [p["state"] for p in doc["patches"]] == [patch_gate.STATE_EXCLUDED] and doc["changed_files"] == []
+    doc["target"]["pin"] = "flashinfer-python-0.6.18"
+    _, relationships = sbom.patch_packages(doc)
+    assert [r["relationshipType"] for r in relationships] == ["OTHER"], relationships
+    assert relationships[0]["comment"] == "not applied: excluded"
+
+
+def test_drift_refusal_keeps_the_previous_output(applied: dict[str, Path], fi_wheel: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    expected = json.loads(applied["manifest"].read_text())
+    expected["changed_files"][0]["sha256_after"] = "0" * 64
+    drifted = tmp_path / "expected.manifest.json"
+    drifted.write_bytes(patch_gate.canonical_json(expected))
+    out = tmp_path / "outputs" / "tree"
+    out.mkdir(parents=True)
+    (out / "previous.txt").write_text("previous good output\n")
+    table, manifest, remapped = tmp_path / "table.txt", tmp_path / "manifest.json", tmp_path / "remapped"
+    rc, stdout, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT, "--expected-manifest", drifted,
+                                               "--table", table, "--manifest", manifest, "--remapped-dir", remapped))
+    assert rc == patch_gate.EXIT_REFUSED, stdout + err
+    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"], "the previous output was replaced or deleted"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tree"], "scratch left behind"
+    assert not table.exists() and not manifest.exists() and not remapped.exists()
+    assert "result: series applied" not in stdout, stdout
+    assert "result: REFUSED; nothing was written (the built manifest differs" in stdout, stdout
+    assert "manifest drift" in err, err
+    path = expected["changed_files"][0]["path"]
+    assert f"changed_files[{path}].sha256_after" in err and f"against {drifted}" in err, err
+    # Without drift the same command replaces the previous output.
+    rc, _, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT,
+                                          "--expected-manifest", applied["manifest"]))
+    assert rc == 0, err
+    assert not (out / "previous.txt").exists() and (out / CORE_PY).is_file()
+
+
+def _replace_worker(args: tuple[str, int, int]) -> list[str]:
+    """Replace `target` `rounds` times with fresh directories; return the errors (none expected)."""
+    target, worker, rounds = Path(args[0]), args[1], args[2]
+    errors = []
+    for i in range(rounds):
+        new = Path(tempfile.mkdtemp(prefix=f".new-{worker}-", dir=target.parent))
+        for n in range(20):
+            (new / f"f{n}").write_text(f"{worker}.{i}\n")
+        try:
+            patch_gate.replace_dir(new, target)
+        except Exception as e:  # noqa: BLE001 - any failure is what the test reports
+            errors.append(f"{type(e).__name__}: {e}")
+            shutil.rmtree(new, ignore_errors=True)
+    return errors
+
+
+def test_concurrent_replacements_of_one_output_dir(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "tree"
+    target.mkdir(parents=True)
+    (target / "f0").write_text("first\n")
+    seen_missing = 0
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pending = pool.map_async(_replace_worker, [(str(target), w, 40) for w in range(4)])
+        while not pending.ready():
+            if not target.is_dir():  # a reader must always find a directory
+                seen_missing += 1
+        errors = [e for worker in pending.get() for e in worker]
+    assert errors == [], errors[:3]
+    assert seen_missing == 0, f"the output directory was missing {seen_missing} times during replacements"
+    assert target.is_dir() and len(list(target.iterdir())) == 20
+    leftovers = sorted(p.name for p in target.parent.iterdir() if p.name != "tree")
+    assert leftovers == [".tree.lock"], leftovers
+
+
+def test_check_manifest_names_the_file_and_the_fix_command(applied: dict[str, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The Bazel validation's command: drift names the drifted file and the update_manifest target."""
+    built = applied["manifest"]
+    expected = json.loads(built.read_text())
+    expected["changed_files"][0]["sha256_after"] = "0" * 64
+    for package, stack, fix in [("sglang_patches", "default", "`tools/bazel run //sglang_patches:update_manifest`"),
+                                ("flashinfer_patches", "pypi",
+                                 "`tools/bazel run //flashinfer_patches:update_manifest --config=pypi`")]:
+        committed = tmp_path / package / f"{stack}.manifest.json"
+        committed.parent.mkdir(exist_ok=True)
+        committed.write_bytes(patch_gate.canonical_json(expected))
+        stamp = tmp_path / f"{package}.stamp"
+        rc, _, err = gate(capsys, "check-manifest", "--built", built, "--expected-manifest", committed, "--stamp", stamp)
+        assert rc == patch_gate.EXIT_REFUSED and not stamp.exists()
+        assert f"changed_files[{expected['changed_files'][0]['path']}].sha256_after" in err, err
+        assert f"run {fix} and review the diff of {committed}" in err, err
+        committed.write_bytes(built.read_bytes())
+        rc, _, err = gate(capsys, "check-manifest", "--built", built, "--expected-manifest", committed, "--stamp", stamp)
+        assert rc == 0 and stamp.is_file(), err
+
+
+def test_install_manifest_writes_the_workspace_file_atomically(applied: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """What `bazel run //sglang_patches:update_manifest` runs: relative paths are the workspace's."""
+    workspace = tmp_path / "workspace"
+    (workspace / "sglang_patches").mkdir(parents=True)
+    committed = workspace / "sglang_patches" / "default.manifest.json"
+    committed.write_text('{"schema_version": 1, "patches": []}\n')
+    monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", str(workspace))
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = gate(capsys, "install-manifest", "--built", applied["manifest"],
+                      "--expected-manifest", "sglang_patches/default.manifest.json")
+    assert rc == 0, err
+    assert committed.read_bytes() == applied["manifest"].read_bytes()
+    assert "fields changed" in err and "changed_files[" in err
+    assert sorted(p.name for p in committed.parent.iterdir()) == ["default.manifest.json"]
+    not_manifest = tmp_path / "table.json"
+    not_manifest.write_text('{"rows": []}\n')
+    rc, _, err = gate(capsys, "install-manifest", "--built", not_manifest, "--expected-manifest", "sglang_patches/default.manifest.json")
+    assert rc == 2 and "not a patch gate manifest" in err and committed.read_bytes() == applied["manifest"].read_bytes()
+
+
+def _load_check_module():
+    spec = importlib.util.spec_from_file_location("patch_gate_check", REPO / "tests" / "patch_gate_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_target_fails_on_a_tree_its_manifest_does_not_describe(applied: dict[str, Path], tmp_path: Path) -> None:
+    """//sglang_patches:check (tests/patch_gate_check.py) compares the tree consumers get with its manifest."""
+    check = _load_check_module()
+    manifest = json.loads(applied["manifest"].read_text())
+    assert check.tree_problems(applied["out"], manifest) == []
+    tree = tmp_path / "tree"
+    shutil.copytree(applied["out"], tree, copy_function=os.link)
+    (tree / CORE_PY).unlink()
+    (tree / CORE_PY).write_bytes(b"# not the patched file\n")
+    (problem,) = check.tree_problems(tree, manifest)
+    assert problem.startswith(f"{CORE_PY}: the tree has "), problem
+
+
+# ----------------------------------------------------------------------------- damaged and malicious wheels
+
+
+def zip_wheel(path: Path, members: list[tuple[zipfile.ZipInfo | str, bytes]]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for info, data in members:
+            archive.writestr(info, data)
+    return path
+
+
+def small_wheel(tmp_path: Path, files: dict[str, bytes], record_edit: tuple[str, str] | None = None,
+                extra: list[tuple[zipfile.ZipInfo | str, bytes]] = ()) -> Path:
+    """A tiny wheel (valid RECORD unless `record_edit` = (old, new) rewrites part of it) plus `extra` members."""
+    tree = small_wheel_tree(tmp_path / "src", files)
+    if record_edit is not None:
+        record = tree / "demo-1.0.dist-info" / "RECORD"
+        text = record.read_text()
+        assert record_edit[0] in text
+        record.write_text(text.replace(record_edit[0], record_edit[1], 1))
+    members = [(rel, (tree / rel).read_bytes()) for rel in sorted(wheel_repack.list_tree_files(tree))]
+    return zip_wheel(tmp_path / "demo-1.0-py3-none-any.whl", members + list(extra))
+
+
+def error_lines(err: str) -> list[str]:
+    """stderr without the gate's progress lines: what the user is told went wrong."""
+    return [line for line in err.splitlines() if not line.startswith("patch_gate: ")]
+
+
+def empty_series(tmp_path: Path) -> Path:
+    series = tmp_path / "empty.series"
+    series.write_text("# nothing\n")
+    return series
+
+
+def test_member_with_bad_crc_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheel = small_wheel(tmp_path, {"demo/__init__.py": b"VALUE = 'original bytes'\n"})
+    data = bytearray(wheel.read_bytes())
+    at = data.index(b"original bytes")  # stored uncompressed: flip one byte of the member's data
+    data[at] ^= 0x20
+    wheel.write_bytes(bytes(data))
+    rc, _, err = gate(capsys, *check_args(empty_series(tmp_path), wheel))
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert line.startswith(f"error: wheel {wheel.name}: member demo/__init__.py is damaged (Bad CRC-32"), err
+    with pytest.raises(patch_gate.UserError, match=r"member demo/__init__.py is damaged"):
+        wheel_repack.unpack_wheel(wheel, tmp_path / "unpacked")
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("size", "12x", "size '12x' is not a number"),
+    ("size", "-6", "size '-6' is not a number"),
+    ("hash", "sha256=not*base64!", "hash 'sha256=not*base64!' is not urlsafe base64"),
+    ("hash", "sha256=AAAA", "hash 'sha256=AAAA' is 3 bytes, not a sha256"),
+])
+def test_malformed_record_field_is_named(field: str, bad: str, message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    data = b"x = 1\n"
+    b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    good = f"sha256={b64},{len(data)}"
+    edited = f"sha256={b64},{bad}" if field == "size" else f"{bad},{len(data)}"
+    wheel = small_wheel(tmp_path, {"demo/__init__.py": data}, record_edit=(good, edited))
+    rc, _, err = gate(capsys, *check_args(empty_series(tmp_path), wheel))
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert f"error: wheel {wheel.name}: demo-1.0.dist-info/RECORD row 1 (demo/__init__.py): {message}" in line, err
+
+
+def _symlink_member(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.create_system = 3
+    info.external_attr = (stat.S_IFLNK | 0o777) << 16
+    return info
+
+
+@pytest.mark.parametrize("member, message", [
+    ("../evil.py", "contains '..'"),
+    ("demo/../../evil.py", "contains '..'"),
+    ("/etc/evil.py", "is absolute"),
+    ("C:/evil.py", "is absolute"),
+    ("demo/.git/config", "contains '.git'"),
+    (_symlink_member("demo/link.py"), "member demo/link.py is a symlink"),
+    ("demo/__init__.py", "member demo/__init__.py appears twice"),
+])
+def test_malicious_wheel_members_are_refused(member: zipfile.ZipInfo | str, message: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.warns(UserWarning, match="Duplicate name") if member == "demo/__init__.py" else contextlib.nullcontext():
+        wheel = small_wheel(tmp_path, {"demo/__init__.py": b"x = 1\n"}, extra=[(member, b"/etc/passwd")])
+    out_dir = tmp_path / "out"
+    rc, _, err = gate(capsys, *apply_args(empty_series(tmp_path), wheel, out_dir))
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert message in line and wheel.name in line, err
+    assert not out_dir.exists() and not (tmp_path / "evil.py").exists()
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    with pytest.raises(patch_gate.UserError, match=re.escape(message)):
+        wheel_repack.unpack_wheel(wheel, unpacked)
+    assert list(unpacked.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- committed manifests

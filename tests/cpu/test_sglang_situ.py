@@ -1,10 +1,11 @@
 """Kimi-K3 MXFP4 MoE on FlashInfer CUTLASS with SiTU: the sglang_patches series, regression-tested.
 
-For each stack the real SGLang wheel is unpacked twice; one copy gets the stack's series applied
-with `git apply` (upstream `python/sglang/...` paths mapped onto the wheel's `sglang/...` with
--p2). The same checks (tests/cpu/sglang_situ/harness.py) then run against both copies in fresh
-interpreters, and every fix check must fail on the unpatched copy and pass on the patched one,
-while the SwiGLU / SwigluStep callers must produce identical kernel calls on both.
+For each stack the real SGLang wheel goes through the patch gate itself (tools/patch_gate.py
+`apply`: the stack's series, sglang_patches/wheel_layout.json, the lock's pin, and the committed
+<stack>.manifest.json, so drift fails here too), and is also unpacked unpatched with the gate's
+own unpacker. The same checks (tests/cpu/sglang_situ/harness.py) then run against both trees in
+fresh interpreters, and every fix check must fail on the unpatched tree and pass on the gate's
+tree, while the SwiGLU / SwigluStep callers must produce identical kernel calls on both.
 
 The patched capability check also runs against each stack's real FlashInfer wheel (its Python
 API is all it reads): 0.6.18 without #4460 must be refused with a message naming #4460, 0.7.2
@@ -19,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,10 +30,13 @@ from typing import Any
 
 import pytest
 from tests.cpu.conftest import artifact
+from tools import patch_gate, wheel_repack
+from tools.errors import run_cli
 
 # absolute(), not resolve(): under Bazel the runfiles tree (with its declared data) is the root.
 ROOT = Path(__file__).absolute().parents[2]
 PATCH_DIR = ROOT / "sglang_patches"
+LOCK = ROOT / "third_party" / "pins.lock.json"
 HARNESS = Path(__file__).absolute().parent / "sglang_situ" / "harness.py"
 # Files the series may touch: SGLang's default MoE backend (server_args) must stay as it is.
 PATCHED_FILES = {
@@ -50,14 +52,15 @@ class Stack:
     series: str
     version: str
     flashinfer_env: str
+    pin: str
 
 
 STACKS = {
     "default": Stack(
-        "default", "KIMI_TEST_SGLANG_WHEEL", "default.series", "0.5.21", "KIMI_TEST_FLASHINFER_WHEEL"
+        "default", "KIMI_TEST_SGLANG_WHEEL", "default.series", "0.5.21", "KIMI_TEST_FLASHINFER_WHEEL", "sglang-0.5.21"
     ),
     "pypi": Stack(
-        "pypi", "KIMI_TEST_SGLANG_PYPI_WHEEL", "pypi.series", "0.5.23", "KIMI_TEST_FLASHINFER_PYPI_WHEEL"
+        "pypi", "KIMI_TEST_SGLANG_PYPI_WHEEL", "pypi.series", "0.5.23", "KIMI_TEST_FLASHINFER_PYPI_WHEEL", "sglang-0.5.23"
     ),
 }
 # env var -> (version, whether its cutlass_fused_moe has SiTU)
@@ -94,32 +97,22 @@ def unpack_python_sources(wheel: Path, dest: Path, package: str, version: str) -
                 archive.extract(name, dest)
 
 
-def read_series(series: Path) -> list[Path]:
-    patches = []
-    for number, raw in enumerate(series.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        kind, _, value = line.partition(":")
-        assert kind == "file" and value, f"{series.name}:{number}: expected file:<patch>, got {raw!r}"
-        patches.append(series.parent / value)
-    return patches
-
-
-def git_apply(tree: Path, patch: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    # -p2 drops "a/python/": the wheel holds sglang/ at its root. The ceiling keeps git from
-    # treating an enclosing repository's root as the base of the patch paths.
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent))
-    return subprocess.run(
-        ["git", "apply", "-p2", *extra, str(patch)],
-        cwd=tree, env=env, capture_output=True, text=True, check=False,
-    )
+def gate_apply(stack: Stack, wheel: Path, out: Path, manifest: Path) -> dict[str, Any]:
+    """The stack's series through the patch gate, as the Bazel gate action runs it; returns the manifest."""
+    args = [
+        "apply", "--series", PATCH_DIR / stack.series, "--target", wheel, "--layout", PATCH_DIR / "wheel_layout.json",
+        "--lock", LOCK, "--target-pin", stack.pin, "--expected-manifest", PATCH_DIR / f"{stack.name}.manifest.json",
+        "--out-dir", out, "--manifest", manifest,
+    ]
+    rc = run_cli(patch_gate.main, [str(a) for a in args])
+    assert rc == 0, f"the patch gate refused sglang_patches/{stack.series} on sglang {stack.version} (exit {rc}; see stderr)"
+    return json.loads(manifest.read_text())
 
 
 def tree_digest(tree: Path) -> dict[str, str]:
     return {
-        str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(tree.rglob("*.py"))
+        p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(tree.rglob("*")) if p.is_file()
     }
 
 
@@ -137,6 +130,10 @@ class StackRun:
     stack: Stack
     unpatched_tree: Path
     patched_tree: Path
+    manifest: dict[str, Any]
+    # sha256 per file, taken before the harness imports anything (imports write __pycache__).
+    unpatched_digest: dict[str, str]
+    patched_digest: dict[str, str]
     unpatched: dict[str, Any]
     patched: dict[str, Any]
 
@@ -147,17 +144,18 @@ def stack_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     work = tmp_path_factory.mktemp(f"sglang-{stack.version}")
     unpatched, patched = work / "unpatched", work / "patched"
     wheel = artifact(stack.wheel_env)
-    unpack_python_sources(wheel, unpatched, "sglang", stack.version)
-    shutil.copytree(unpatched, patched)
-    for patch in read_series(PATCH_DIR / stack.series):
-        checked = git_apply(patched, patch, "--check")
-        assert checked.returncode == 0, f"{patch.name} does not apply to sglang {stack.version}: {checked.stderr}"
-        applied = git_apply(patched, patch)
-        assert applied.returncode == 0, applied.stderr
+    unpatched.mkdir()
+    wheel_repack.unpack_wheel(wheel, unpatched)
+    version = wheel_repack.find_dist_info(unpatched).version
+    assert version == stack.version, f"{wheel.name} is sglang {version}, not {stack.version}"
+    manifest = gate_apply(stack, wheel, patched, work / "manifest.json")
     return StackRun(
         stack,
         unpatched,
         patched,
+        manifest,
+        tree_digest(unpatched),
+        tree_digest(patched),
         run_harness(unpatched, work / "unpatched.json"),
         run_harness(patched, work / "patched.json"),
     )
@@ -169,17 +167,18 @@ def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
 
 
 def test_series_changes_only_the_moe_files(stack_run: StackRun) -> None:
-    before, after = tree_digest(stack_run.unpatched_tree), tree_digest(stack_run.patched_tree)
+    before, after = stack_run.unpatched_digest, stack_run.patched_digest
     assert before.keys() == after.keys(), "the series added or removed files"
     changed = {name for name in before if before[name] != after[name]}
     # server_args.py and moe/utils.py untouched: the default MoE backend is unchanged.
     assert changed == PATCHED_FILES
+    assert {c["path"] for c in stack_run.manifest["changed_files"]} == PATCHED_FILES
 
 
 def test_series_is_not_already_upstream(stack_run: StackRun) -> None:
-    # A patch that reverse-applies cleanly to the pristine wheel would already be upstream.
-    for patch in read_series(PATCH_DIR / stack_run.stack.series):
-        assert git_apply(stack_run.unpatched_tree, patch, "--check", "--reverse").returncode != 0
+    # The gate checked each patch forward and in reverse: `already upstream` would mean the fix landed.
+    states = {p["entry"]: p["state"] for p in stack_run.manifest["patches"]}
+    assert states and set(states.values()) == {patch_gate.STATE_APPLIES}, states
 
 
 @pytest.mark.parametrize("check", FIX_CHECKS)
