@@ -6,6 +6,7 @@
     sbom               tools/sbom.py: the SPDX document shipped in the image
     oci_image_layout   tools/oci_image.py: the OCI layout (directory) from layers, bottom first
     oci_push           `bazel run` target: tools/oci_push.py on that layout
+    kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
 re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
@@ -16,6 +17,8 @@ Every image action runs unsandboxed: the tools read input trees with lstat (syml
 kept as symlinks in a layer, see tools/oci_layer.py), so a sandbox's symlink forest would leak
 into the layer; and the inputs are GBs of wheels, which a sandbox only slows down.
 """
+
+load("@bazel_skylib//lib:unittest.bzl", "analysistest", "asserts")
 
 # Execution requirements of every image action (see above); no-remote: GB-sized blobs that a
 # remote cache would only shuttle back and forth.
@@ -153,6 +156,8 @@ def _oci_layer_impl(ctx):
         f = _single_file(target, "files")
         args.add("--file", _image_file_spec(image_path, f))
         inputs.append(f)
+    if ctx.attr.kernel_cache_arch:
+        args.add("--kernel-cache-arch", ctx.attr.kernel_cache_arch)
     _run_tool(ctx, "oci_layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
     return [
         DefaultInfo(files = depset([blob, descriptor])),
@@ -170,6 +175,7 @@ oci_layer = rule(
         "site_trees": attr.label_list(allow_files = True, doc = "directories placed as-is under site-packages"),
         "trees": attr.label_keyed_string_dict(allow_files = True, doc = "directory -> image directory"),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
+        "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
         "source_date_epoch": attr.string(mandatory = True),
     },
     toolchains = _PY_TOOLCHAIN,
@@ -284,4 +290,34 @@ oci_push = rule(
         "layout": attr.label(mandatory = True, allow_single_file = True),
     },
     toolchains = _PY_TOOLCHAIN,
+)
+
+# ---------------------------------------------------------------- wiring test
+
+def _kernel_cache_layer_test_impl(ctx):
+    env = analysistest.begin(ctx)
+    actions = [a for a in analysistest.target_actions(env) if a.mnemonic == "OciLayer"]
+    asserts.equals(env, 1, len(actions), "OciLayer actions of the target under test")
+    if actions:
+        inputs = [f.short_path for f in actions[0].inputs.to_list()]
+        caches = [p for p in inputs if p.startswith("kernel_cache/")]
+        asserts.equals(env, [ctx.attr.expected_tree], caches, "kernel cache trees the layer takes")
+        argv = actions[0].argv
+        i = argv.index("--kernel-cache-arch") if "--kernel-cache-arch" in argv else -1
+        asserts.true(env, i >= 0 and argv[i + 1] == ctx.attr.expected_arch,
+                     "the layer action must run its arch guard with --kernel-cache-arch %s: %s" % (ctx.attr.expected_arch, argv))
+    return analysistest.end(env)
+
+# With --//kernel_cache:arch=9.0a in effect (the default stack), the kernel-cache layer must still
+# take the SM120 cache and run its arch guard: the image's environment says 12.0f.
+kernel_cache_layer_test = analysistest.make(
+    _kernel_cache_layer_test_impl,
+    attrs = {
+        "expected_tree": attr.string(mandatory = True, doc = "short path of the kernel cache tree"),
+        "expected_arch": attr.string(mandatory = True),
+    },
+    config_settings = {
+        str(Label("//kernel_cache:arch")): "9.0a",
+        str(Label("//third_party:stack")): "default",
+    },
 )

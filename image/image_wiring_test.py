@@ -3,19 +3,23 @@ builds them for the selected stack, without building the GB-sized layers.
 
 Env (set by image/BUILD.bazel from the targets): KIMI_IMAGE_SBOM (the SBOM), KIMI_GATE_MANIFESTS
 (space-separated gate manifests), KIMI_LAYER_ENTRYPOINT / KIMI_LAYER_KERNEL_CACHE / KIMI_LAYER_SBOM
-(layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py). An unset variable fails the test.
+(layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py); the BUILD file's constants
+KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_SBOM_IMAGE_PATH. An unset variable fails
+the test.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from tools import oci_layer
 from tools.sbom import spdx_id
 
 SITE = "usr/local/lib/python3.11/dist-packages"
@@ -73,14 +77,57 @@ def test_kernel_cache_layer_targets_flashinfer_aot_dir() -> None:
     assert f"{SITE}/flashinfer/data/aot" in members
     assert all(n == f"{SITE}/flashinfer/data/aot" or n.startswith(f"{SITE}/flashinfer/data/aot/")
                or f"{SITE}/flashinfer/data/aot".startswith(n + "/") for n in members), sorted(members)
+    # The default stack ships a cache, the PyPI stack an empty directory; a cache is the image's arch.
+    cache_json = members.get(f"{SITE}/flashinfer/data/aot/kernel_cache.json")
+    if cache_json is not None:
+        assert json.loads(cache_json[1])["arch_list"] == env_value("KIMI_IMAGE_CUDA_ARCH")
+    else:
+        assert not any(n.endswith(".so") for n in members), "modules without kernel_cache.json"
 
 
-def test_layers_are_reproducible_by_content() -> None:
+def env_value(var: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        pytest.fail(f"{var} is unset: run this test through Bazel (//image:image_wiring_test)")
+    return value
+
+
+def test_layer_descriptors_name_their_blobs() -> None:
     # The descriptor's digest is the blob's sha256: what the manifest will reference.
     for var in ("KIMI_LAYER_ENTRYPOINT", "KIMI_LAYER_KERNEL_CACHE", "KIMI_LAYER_SBOM"):
         blob = env_path(var)
         desc = json.loads(blob.with_name(blob.name.replace(".tar.gz", ".layer.json")).read_text())
         assert desc["digest"] == "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("layer_var,name,src_var,image_path_var,mode", [
+    ("KIMI_LAYER_ENTRYPOINT", "entrypoint", "KIMI_ENTRYPOINT_SRC", "KIMI_ENTRYPOINT_IMAGE_PATH", ":755"),
+    ("KIMI_LAYER_SBOM", "sbom", "KIMI_IMAGE_SBOM", "KIMI_SBOM_IMAGE_PATH", ""),
+])
+def test_small_layers_rebuild_byte_identical_from_their_inputs(tmp_path: Path, layer_var: str, name: str,
+                                                              src_var: str, image_path_var: str, mode: str) -> None:
+    """Rebuild the layer from its declared inputs, twice, from copies at other paths with other
+    host modes (the same execute bit: a file's only mode bit a layer keeps) and mtimes: each
+    rebuild must equal Bazel's blob byte for byte."""
+    bazel_blob = env_path(layer_var).read_bytes()
+    executable = os.stat(env_path(src_var)).st_mode & 0o111 != 0
+    variants = [(0o700 if executable else 0o600, 1), (0o775 if executable else 0o664, 2_000_000_000)]
+    for i, (file_mode, mtime) in enumerate(variants):
+        work = tmp_path / f"rebuild-{i}" / ("deeper/" * i)
+        src = work / "in" / f"input-{i}"
+        src.parent.mkdir(parents=True)
+        shutil.copyfile(env_path(src_var), src)
+        os.chmod(src, file_mode)
+        os.utime(src, (mtime, mtime))
+        out = work / "out"
+        assert oci_layer.main(["--name", name, "--out", str(out / "l.tar.gz"), "--descriptor", str(out / "l.json"),
+                               "--file", f"{env_value(image_path_var)}={src}{mode}",
+                               "--source-date-epoch", env_value("KIMI_SOURCE_DATE_EPOCH")]) == 0
+        rebuilt = (out / "l.tar.gz").read_bytes()
+        if rebuilt != bazel_blob:  # no pytest diff of two blobs: it takes minutes
+            at = next((j for j, (a, b) in enumerate(zip(rebuilt, bazel_blob)) if a != b), min(len(rebuilt), len(bazel_blob)))
+            pytest.fail(f"rebuild {i} of layer {name} differs from Bazel's blob at byte {at} "
+                        f"({len(rebuilt)} vs {len(bazel_blob)} bytes)")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,14 @@ Usage:
     python3 tools/oci_layer.py --name NAME --out LAYER.tar.gz --descriptor LAYER.json \
         [--tree IMAGE_DIR=HOST_DIR]... [--site-tree HOST_DIR]... [--wheel WHEEL]... \
         [--wheel-dir DIR]... [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar] [--compression gzip|none]
+        [--kernel-cache-arch ARCH]
 
 The descriptor JSON ({name, mediaType, digest, size, diff_id}) is what tools/oci_image.py reads.
+
+--kernel-cache-arch ARCH: every --tree/--site-tree is a FlashInfer kernel cache, and one built
+for another arch is refused: its flashinfer/data/aot/kernel_cache.json must say arch_list ARCH
+(an empty flashinfer/data/aot, a stack without a cache, passes). The image's kernel-cache layer
+sets it to the image's FLASHINFER_CUDA_ARCH_LIST, so no build flag can ship other kernels.
 
 Why a hand-written writer: GNU tar, skopeo, buildah and umoci all take entry order, owners,
 mtimes, modes or the compressor's header from the host or their own version, so none of them
@@ -448,6 +454,31 @@ def wheels_in_dirs(dirs: Iterable[str]) -> list[str]:
     return found
 
 
+KERNEL_CACHE_AOT = Path("flashinfer") / "data" / "aot"
+KERNEL_CACHE_JSON = "kernel_cache.json"  # tools/kernel_cache.py CACHE_JSON_NAME
+
+
+def check_kernel_cache_arch(flag: str, host_dir: Path, arch: str) -> None:
+    """Refuse a kernel cache tree whose kernel_cache.json is not for `arch`."""
+    aot = host_dir / KERNEL_CACHE_AOT
+    if not aot.is_dir():
+        raise UserError(f"{flag} {host_dir}: no {KERNEL_CACHE_AOT} in it; --kernel-cache-arch layers take "
+                        "a kernel cache tree (tools/kernel_cache.py assemble)")
+    cache_json = aot / KERNEL_CACHE_JSON
+    if not cache_json.exists():
+        if any(aot.iterdir()):
+            raise UserError(f"{flag} {host_dir}: {KERNEL_CACHE_AOT} holds modules but no {KERNEL_CACHE_JSON}; "
+                            "pass a cache assembled by tools/kernel_cache.py")
+        return  # the empty stand-in of a stack without a cache: FlashInfer compiles at first use
+    try:
+        found = json.loads(cache_json.read_text()).get("arch_list")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UserError(f"{cache_json}: unreadable ({type(e).__name__}); rebuild the kernel cache") from None
+    if found != arch:
+        raise UserError(f"{flag} {host_dir}: kernel cache built for arch {found!r}, this layer is for {arch!r}; "
+                        f"pass a cache built for {arch} (the image takes //kernel_cache:sm120_cache)")
+
+
 def build_contents(trees: Iterable[str], site_trees: Iterable[str], wheels: Iterable[str],
                    files: Iterable[str], tars: Iterable[str], staging: Path) -> LayerContents:
     contents = LayerContents()
@@ -490,9 +521,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--file", action="append", default=[], metavar="IMAGE_PATH=HOST_FILE[:MODE]")
     p.add_argument("--tar", action="append", default=[], metavar="ROOTFS_TAR")
     p.add_argument("--compression", choices=["gzip", "none"], default="gzip")
+    p.add_argument("--kernel-cache-arch", metavar="ARCH",
+                   help="refuse a --tree/--site-tree kernel cache whose kernel_cache.json is for another arch")
     p.add_argument("--source-date-epoch", default=None, help="default: $SOURCE_DATE_EPOCH")
     args = p.parse_args(argv)
     epoch = source_date_epoch(args.source_date_epoch)
+    if args.kernel_cache_arch is not None:
+        if not (args.tree or args.site_tree):
+            raise UserError("--kernel-cache-arch: no --tree/--site-tree to check; pass the kernel cache tree")
+        for raw in args.tree:
+            check_kernel_cache_arch("--tree", Path(_split_assignment(raw, "--tree")[1]), args.kernel_cache_arch)
+        for raw in args.site_tree:
+            check_kernel_cache_arch("--site-tree", Path(raw), args.kernel_cache_arch)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".oci_layer_stage.", dir=args.out.parent) as staging:
         wheels = [*args.wheel, *wheels_in_dirs(args.wheel_dir)]

@@ -16,16 +16,22 @@ A push that dies in step 2 leaves blobs but no tag; rerunning uploads only what 
 Credentials: --authfile, else $KIMI_K3_REGISTRY_USERNAME/$KIMI_K3_REGISTRY_PASSWORD (written to a
 0600 temp auth file, never on a command line), else skopeo's usual lookup ($REGISTRY_AUTH_FILE,
 $XDG_RUNTIME_DIR/containers/auth.json, ~/.docker/config.json). Credentials are never printed.
-TLS is verified except for loopback registries (127.0.0.1, localhost, ::1).
+TLS is verified except for loopback registries (127.0.0.1, localhost, ::1). The API probes send
+Authorization only within the registry's scheme+host+port (a redirect to blob storage on another
+host drops it), and Basic credentials go to a Bearer token realm only over https (or loopback).
 
 No --repository: a local registry (Debian's docker-registry) on 127.0.0.1 with storage under
 ${KIMI_K3_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kimi-k3-build}/registry is reused or started, and
-left running so the image can be pulled afterwards; `--stop-local-registry` stops it.
+left running so the image can be pulled afterwards; `--stop-local-registry` stops it. Starting
+and stopping hold a lock beside the storage (registry/registry.lock), so concurrent pushes share
+one registry.
 """
 from __future__ import annotations
 
 import argparse
 import base64
+import binascii
+import fcntl
 import json
 import os
 import re
@@ -39,9 +45,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -112,9 +119,15 @@ def credentials_from_file(path: Path, repo: Repository) -> tuple[str, str] | Non
     keys = [k for k in auths if full == k.split("://")[-1].rstrip("/")
             or full.startswith(k.split("://")[-1].rstrip("/") + "/")]
     for key in sorted(keys, key=len, reverse=True):
-        encoded = auths[key].get("auth")
+        encoded = auths[key].get("auth") if isinstance(auths[key], dict) else None
         if encoded:
-            user, _, password = base64.b64decode(encoded).decode().partition(":")
+            try:
+                user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+            except (binascii.Error, ValueError, TypeError):
+                sep = ""
+            if not sep:
+                raise UserError(f"{path}: auths[{key!r}].auth is not base64 of USER:PASSWORD; fix the entry "
+                                f"(skopeo login {repo.host} rewrites it) or remove it")
             return user, password
     return None
 
@@ -154,6 +167,35 @@ def resolve_credentials(repo: Repository, authfile: Path | None, tmpdir: Path) -
 
 # ---------------------------------------------------------------- registry API probes
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+class _SameOriginAuthRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects keep the Authorization header only within one scheme+host+port: registries send
+    blob reads to storage or a CDN on another host, which must never see the credentials."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in [k for k in new.headers if k.lower() == "authorization"]:
+                del new.headers[name]
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SameOriginAuthRedirect)
+
+
+def _urlopen(req: urllib.request.Request | str, timeout: float = 30):  # type: ignore[no-untyped-def]
+    return _OPENER.open(req, timeout=timeout)
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host in LOOPBACK_HOSTS or f"[{host}]" in LOOPBACK_HOSTS
+
+
 class RegistryClient:
     """Just enough of the distribution API to ask 'is this blob there?' (Basic and Bearer auth)."""
 
@@ -167,7 +209,7 @@ class RegistryClient:
         if self.authorization:
             req.add_header("Authorization", self.authorization)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with _urlopen(req) as resp:
                 return int(resp.status)
         except urllib.error.HTTPError as e:
             if e.code == 401 and self.authorization is None and self._authenticate(e.headers.get("WWW-Authenticate", "")):
@@ -184,13 +226,22 @@ class RegistryClient:
             return True
         if scheme.lower() == "bearer":
             params = dict(re.findall(r'(\w+)="([^"]*)"', params_text))
+            realm = params.get("realm")
+            if not realm:
+                raise UserError(f"{self.repo}: the registry's Bearer challenge names no realm ({challenge!r}); "
+                                "fix the registry's token auth setting (realm) or push to another registry")
+            # The token request carries the Basic credentials and returns a push token: never
+            # over plain http, except to a token service on this machine.
+            if urllib.parse.urlsplit(realm).scheme.lower() != "https" and not _is_loopback_url(realm):
+                raise UserError(f"{self.repo}: the registry's token realm {realm} is not https; refusing to send "
+                                "credentials there; configure an https realm (plain http only on loopback)")
             query = {"service": params.get("service", ""), "scope": f"repository:{self.repo.path}:pull,push"}
-            req = urllib.request.Request(params["realm"] + "?" + urllib.parse.urlencode(query))
+            req = urllib.request.Request(realm + "?" + urllib.parse.urlencode(query))
             if self.creds.basic:
                 user, password = self.creds.basic
                 req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
             try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
+                with _urlopen(req) as resp:
                     body = json.loads(resp.read())
             except (urllib.error.URLError, ValueError):
                 return False
@@ -224,7 +275,7 @@ def tags(repo: Repository, creds: Credentials) -> list[str]:
     req = urllib.request.Request(req_url)
     if client.authorization:
         req.add_header("Authorization", client.authorization)
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with _urlopen(req) as resp:
         return list(json.loads(resp.read()).get("tags") or [])
 
 
@@ -349,34 +400,56 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+@contextmanager
+def _registry_lock(root: Path) -> Iterator[None]:
+    """Exclusive lock beside the storage: the check-start-record sequence of one push (or a stop)
+    runs alone, so concurrent pushes share one registry instead of each starting their own on
+    the same storage and rewriting its config."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "registry.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _recorded_registry(root: Path) -> tuple[int, int] | None:
+    try:
+        info = json.loads((root / "state.json").read_text())
+        return int(info["pid"]), int(info["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def local_registry() -> RegistryProcess:
     """The user's cached local registry: reused when its recorded pid still serves, else started."""
     root = cache_root() / "registry"
-    state = root / "state.json"
-    if state.is_file():
-        try:
-            info = json.loads(state.read_text())
-            if _pid_alive(int(info["pid"])) and registry_ready(int(info["port"]), 1):
-                return RegistryProcess(int(info["pid"]), int(info["port"]), root)
-        except (ValueError, KeyError):
-            pass
-    reg = start_registry(root)
-    write_bytes_atomic(state, json.dumps({"pid": reg.pid, "port": reg.port}).encode() + b"\n")
+    with _registry_lock(root):
+        recorded = _recorded_registry(root)
+        if recorded and _pid_alive(recorded[0]) and registry_ready(recorded[1], 1):
+            return RegistryProcess(recorded[0], recorded[1], root)
+        reg = start_registry(root)
+        write_bytes_atomic(root / "state.json", json.dumps({"pid": reg.pid, "port": reg.port}).encode() + b"\n")
     print(f"started local registry {reg.host} (pid {reg.pid}, storage {root / 'data'}); it keeps running; "
           f"stop it with: python3 tools/oci_push.py --stop-local-registry", file=sys.stderr)
     return reg
 
 
 def stop_local_registry() -> int:
-    state = cache_root() / "registry" / "state.json"
-    if not state.is_file():
+    root = cache_root() / "registry"
+    if not (root / "state.json").is_file():
         print("no local registry recorded", file=sys.stderr)
         return 0
-    info = json.loads(state.read_text())
-    if _pid_alive(int(info["pid"])):
-        os.kill(int(info["pid"]), signal.SIGTERM)
-        print(f"stopped local registry pid {info['pid']}", file=sys.stderr)
-    state.unlink()
+    with _registry_lock(root):
+        recorded = _recorded_registry(root)
+        if recorded and _pid_alive(recorded[0]):
+            os.kill(recorded[0], signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _pid_alive(recorded[0]):
+                if time.monotonic() > deadline:
+                    raise UserError(f"local registry pid {recorded[0]} did not stop within 10 s of SIGTERM; "
+                                    f"stop it with: kill -9 {recorded[0]}")
+                time.sleep(0.05)
+            print(f"stopped local registry pid {recorded[0]}", file=sys.stderr)
+        (root / "state.json").unlink(missing_ok=True)
     return 0
 
 

@@ -17,7 +17,9 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -258,6 +260,44 @@ def test_layer_refuses_bad_input(tmp_path: Path) -> None:
         build_layer(tmp_path, "x", tree=[f"/={t}", f"/={t}"])
 
 
+
+def kernel_cache_tree(root: Path, arch: str | None, modules: bool = True) -> Path:
+    """A kernel cache tree as tools/kernel_cache.py assembles it (arch None: no kernel_cache.json)."""
+    files = {"flashinfer/data/aot/mod/mod.so": "not really a shared object\n"} if modules else {}
+    if arch is not None:
+        files["flashinfer/data/aot/kernel_cache.json"] = json.dumps({"schema_version": 1, "arch_list": arch}) + "\n"
+    (root / "flashinfer/data/aot").mkdir(parents=True, exist_ok=True)
+    return write_tree(root, files)
+
+
+def test_kernel_cache_layer_refuses_a_cache_for_another_arch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = kernel_cache_tree(tmp_path / "sm120", "12.0f")
+    _, plain = build_layer(tmp_path / "plain", "kc", tree=[f"{SITE}={good}"])
+    _, guarded = build_layer(tmp_path / "guarded", "kc", tree=[f"{SITE}={good}"], kernel_cache_arch=["12.0f"])
+    assert guarded.read_bytes() == plain.read_bytes(), "the guard changes no byte of the layer"
+    build_layer(tmp_path / "empty", "kc", tree=[f"{SITE}={kernel_cache_tree(tmp_path / 'none', None, modules=False)}"],
+                kernel_cache_arch=["12.0f"])  # a stack without a cache: an empty flashinfer/data/aot
+    bad = [
+        ("sm90", {"tree": [f"{SITE}={kernel_cache_tree(tmp_path / 'sm90', '9.0a')}"]}, r"built for arch '9\.0a', this layer is for '12\.0f'"),
+        ("sm90-site", {"site_tree": [str(kernel_cache_tree(tmp_path / 'sm90', '9.0a'))]}, r"built for arch '9\.0a'"),
+        ("nojson", {"tree": [f"{SITE}={kernel_cache_tree(tmp_path / 'nojson', None)}"]}, "holds modules but no kernel_cache.json"),
+        ("notcache", {"tree": [f"{SITE}={write_tree(tmp_path / 'other', {'x': '1'})}"]}, "no flashinfer/data/aot in it"),
+        ("notree", {"file": [f"/x={ENTRYPOINT}"]}, "no --tree/--site-tree to check"),
+    ]
+    capsys.readouterr()
+    for name, sources, message in bad:
+        out = tmp_path / f"out-{name}"
+        argv = ["--name", "kc", "--out", str(out / "kc.tar.gz"), "--descriptor", str(out / "kc.json"),
+                "--source-date-epoch", str(EPOCH), "--kernel-cache-arch", "12.0f"]
+        for flag, values in sources.items():
+            for v in values:
+                argv += [f"--{flag.replace('_', '-')}", v]
+        assert oci_layer.run_cli(oci_layer.main, argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert re.search(message, err) and "\n" not in err, (name, err)
+        assert not out.exists() or not list(out.iterdir()), f"{name}: nothing may be written"
+
+
 # ---------------------------------------------------------------- image, push, change
 
 def test_same_inputs_same_digests_and_labels(tmp_path: Path, host_rootfs: Path) -> None:
@@ -425,9 +465,13 @@ def test_default_local_registry_is_started_reused_and_stopped(tmp_path: Path, ho
         assert f"pushed:          127.0.0.1:{state['port']}/kimi-k3/tiny-stack@sha256:" in out1
         assert "uploaded:        0 of 2 blobs, 0 bytes" in out2
     finally:
-        assert oci_push.main(["--stop-local-registry"]) == 0
-    time.sleep(0.2)
+        # As the README says: the script run directly (not through Bazel) stops the registry.
+        stop = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "oci_push.py"), "--stop-local-registry"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+    assert f"stopped local registry pid {state['pid']}" in stop.stderr
     assert not oci_push._pid_alive(state["pid"])
+    assert not (tmp_path / "cache/registry/state.json").exists()
 
 
 def test_push_refuses_bad_input(tmp_path: Path) -> None:
@@ -438,6 +482,133 @@ def test_push_refuses_bad_input(tmp_path: Path) -> None:
     assert oci_push.parse_repository("registry.example.com/kimi/k3").loopback is False
     assert oci_push.tls_args(oci_push.parse_repository("registry.example.com/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=true"]
     assert oci_push.tls_args(oci_push.parse_repository("localhost:5000/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=false"]
+
+
+
+class RecordingServer:
+    """A loopback HTTP server: `handle(path, headers)` -> (status, headers, body); every request's
+    (path, headers) is kept in `seen`."""
+
+    def __init__(self, handle) -> None:  # type: ignore[no-untyped-def]
+        import http.server
+
+        seen: list[tuple[str, dict[str, str]]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                seen.append((self.path, dict(self.headers.items())))
+                status, headers, body = handle(self.path, self.headers)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = _reply
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_registry_probe_drops_authorization_on_cross_host_redirect() -> None:
+    storage = RecordingServer(lambda path, headers: (200, {}, b""))
+
+    def registry_handle(path: str, headers):  # type: ignore[no-untyped-def]
+        if "Authorization" not in headers:
+            return 401, {"WWW-Authenticate": 'Basic realm="r"'}, b""
+        if path.endswith("/blobs/sha256:aa"):  # blob reads go to storage on another host:port
+            return 307, {"Location": f"http://localhost:{storage.port}/blob"}, b""
+        if path.endswith("/blobs/sha256:bb"):  # a redirect within the registry itself
+            return 307, {"Location": "/v2/kimi/x/moved"}, b""
+        return 200, {}, b""
+
+    registry = RecordingServer(registry_handle)
+    try:
+        creds = oci_push.Credentials(None, ("alice", "pw"), "test")
+        client = oci_push.RegistryClient(oci_push.Repository(f"127.0.0.1:{registry.port}", "kimi/x"), creds)
+        assert client.blob_exists("sha256:aa") is True
+        assert [p for p, _ in storage.seen] == ["/blob"]
+        assert "Authorization" not in storage.seen[0][1], "credentials followed a redirect to another host"
+        assert client.blob_exists("sha256:bb") is True
+        moved = [h for p, h in registry.seen if p == "/v2/kimi/x/moved"]
+        assert moved and moved[0].get("Authorization", "").startswith("Basic "), "same-origin redirect keeps it"
+    finally:
+        registry.close()
+        storage.close()
+
+
+def test_bearer_realm_must_be_https_or_loopback_and_named() -> None:
+    repo = oci_push.Repository("registry.example.com", "kimi/k3")
+    client = oci_push.RegistryClient(repo, oci_push.Credentials(None, ("alice", "pw"), "test"))
+    with pytest.raises(UserError, match=r"token realm http://auth\.example\.com/token is not https") as e:
+        client._authenticate('Bearer realm="http://auth.example.com/token",service="reg"')
+    assert "\n" not in str(e.value) and client.authorization is None
+    with pytest.raises(UserError, match=r"registry\.example\.com/kimi/k3: .*Bearer challenge names no realm") as e:
+        client._authenticate('Bearer service="reg"')
+    assert "\n" not in str(e.value)
+    tokens = RecordingServer(lambda path, headers: (200, {"Content-Type": "application/json"}, b'{"token": "tok"}'))
+    try:  # plain http is fine for a token service on this machine
+        assert client._authenticate(f'Bearer realm="http://127.0.0.1:{tokens.port}/token",service="reg"')
+        assert client.authorization == "Bearer tok"
+        assert tokens.seen[0][1]["Authorization"] == "Basic " + base64.b64encode(b"alice:pw").decode()
+    finally:
+        tokens.close()
+
+
+@pytest.mark.parametrize("auth", ["not base64!", base64.b64encode(b"no-colon").decode(), base64.b64encode(b"\xff\xfe:x").decode()])
+def test_auth_file_with_bad_auth_value_is_one_line_error(tmp_path: Path, auth: str) -> None:
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"auths": {"registry.example.com": {"auth": auth}}}))
+    with pytest.raises(UserError) as e:
+        oci_push.credentials_from_file(path, oci_push.Repository("registry.example.com", "kimi/k3"))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "base64 of USER:PASSWORD" in msg and "skopeo login" in msg
+    assert "\n" not in msg
+
+
+def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_start = oci_push.start_registry
+    started: list[oci_push.RegistryProcess] = []
+
+    def slow_start(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)  # widen the window between "no registry recorded" and recording one
+        reg = real_start(*args, **kwargs)
+        started.append(reg)
+        return reg
+
+    monkeypatch.setattr(oci_push, "start_registry", slow_start)
+    barrier = threading.Barrier(2)
+    results: list[object] = []
+
+    def push_side() -> None:
+        barrier.wait()
+        try:
+            results.append(oci_push.local_registry())
+        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+            results.append(e)
+
+    threads = [threading.Thread(target=push_side) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(started) == 1, f"{len(started)} registries started on one storage"
+        assert results == [started[0], started[0]]
+    finally:
+        for reg in started:
+            oci_push.stop_registry(reg)
 
 
 # ---------------------------------------------------------------- smoke test in a chroot
@@ -610,6 +781,114 @@ def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
         sbom.read_gate_manifest(bad)
+
+
+
+# ---------------------------------------------------------------- tools/bazel launcher
+
+LAUNCHER = REPO_ROOT / "tools" / "bazel"
+# Inside the sealed root (where Bazel runs this test) / is not a mount point, so the launcher's
+# `unshare --propagation private` cannot work there; the launcher then runs chrooted into the host
+# root that it mounts at this path (every path the test uses is the same in both roots).
+HOST_ROOT = Path("/run/kimi-k3-host")
+LAUNCHER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def sealed_root_key() -> str:
+    """The launcher's sealed-root key, computed by the launcher's own lines (packages=... key=...)."""
+    m = re.search(r"^packages=\(.*?^key=[^\n]*$", LAUNCHER.read_text(), re.S | re.M)
+    assert m, "tools/bazel: packages=(...) / key=... lines not found"
+    return subprocess.run(["bash", "-c", m.group(0) + '\necho "$key"'], check=True, text=True,
+                          stdout=subprocess.PIPE).stdout.strip()
+
+
+def copy_with_libs(exe: str, root: Path, dest: str) -> None:
+    """exe (and the shared libraries ldd names) into root, so it runs chrooted there."""
+    (root / dest.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(os.path.realpath(exe), root / dest.lstrip("/"))
+    ldd = subprocess.run(["ldd", exe], check=True, text=True, stdout=subprocess.PIPE).stdout
+    for lib in re.findall(r"(/\S+) \(0x", ldd):
+        target = root / lib.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(lib), target)
+
+
+def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
+    """tools/bazel passes KIMI_K3_*/PIP_* values into the sealed root through the environment of
+    its nsenter/bash/chroot/env chain, never as arguments: /proc/PID/cmdline is world-readable.
+
+    Every command the launcher runs is found on PATH; each is a shim here that appends its argv
+    (what /proc/PID/cmdline shows for that process) to a log, then execs the real command. The
+    sealed root is a stand-in: /bin/sh, an argv-logging /usr/bin/env and a /usr/bin/bazel that
+    records its arguments and environment. The secrets must reach that bazel and appear in no argv.
+    """
+    password, pip_secret = "sentinel-pw-" + os.urandom(8).hex(), "sentinel-pip-" + os.urandom(8).hex()
+    cache, out_root, roots = tmp_path / "cache", tmp_path / "out", tmp_path / "roots"
+    cache.mkdir()
+    log, bazel_env, bazel_args = cache / "argv.log", cache / "bazel.env", cache / "bazel.args"
+    root = roots / sealed_root_key()
+    for d in ("etc/ssl/certs", "proc", "sys", "dev"):
+        (root / d).mkdir(parents=True)
+    (root / ".kimi-k3-complete").touch()
+    copy_with_libs("/bin/sh", root, "/bin/sh")
+    copy_with_libs(shutil.which("env") or "/usr/bin/env", root, "/usr/bin/env.real")
+    (root / "usr/bin/env").write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                      'exec /usr/bin/env.real "$@"\n')
+    (root / "usr/bin/bazel").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$PWD\" \"$@\" >{bazel_args}\n"
+                                        f"/usr/bin/env.real -0 >{bazel_env}\n")
+    for f in ("usr/bin/env", "usr/bin/bazel"):
+        (root / f).chmod(0o755)
+    # The interpreter's prefix is bind-mounted into the root: a stand-in whose prefix is a tmp dir.
+    fake_py = tmp_path / "py" / "bin" / "python3.11"
+    fake_py.parent.mkdir(parents=True)
+    fake_py.write_text(f"#!/bin/sh\necho {tmp_path / 'py'}\n")
+    fake_py.chmod(0o755)
+    # A bind mount of the same file system: os.path.ismount cannot tell, mountinfo can.
+    in_sealed_root = any(line.split()[4] == str(HOST_ROOT) for line in open("/proc/self/mountinfo"))
+    where = str(HOST_ROOT) if in_sealed_root else ""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for d in LAUNCHER_PATH.split(":"):
+        if not os.path.isdir(where + d):
+            continue
+        for name in os.listdir(where + d):
+            real = os.path.join(d, name)
+            # sleep: the namespace holder runs `exec -a NAME sleep`, and a shim would lose NAME.
+            if name == "sleep" or (shims / name).exists() or not os.access(where + real, os.X_OK) \
+                    or os.path.isdir(where + real):
+                continue
+            (shims / name).write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                      f'exec {real} "$@"\n')
+            (shims / name).chmod(0o755)
+    env = {"PATH": f"{shims}:{LAUNCHER_PATH}", "HOME": str(tmp_path / "home"), "UNLISTED_VAR": "dropped",
+           "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(roots),
+           "KIMI_K3_CACHE": str(cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
+           "KIMI_K3_PYTHON": str(fake_py), "KIMI_K3_REGISTRY_USERNAME": "alice",
+           "KIMI_K3_REGISTRY_PASSWORD": password, "PIP_INDEX_URL": f"https://bob:{pip_secret}@pypi.example/simple"}
+    holder_pid_file = roots / f"{root.name}.mntns.pid"
+    try:
+        command = [str(LAUNCHER), "info", "release"]
+        if in_sealed_root:
+            command = [shutil.which("chroot") or "/usr/sbin/chroot", str(HOST_ROOT), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(cache), *command]
+        proc = subprocess.run(command, cwd=cache, env=env, timeout=120,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        if holder_pid_file.is_file():  # the launcher's namespace holder for this stand-in root
+            os.kill(int(holder_pid_file.read_text()), signal.SIGKILL)
+    argv_log = log.read_text()
+    for command in ("nsenter", "bash", "/usr/bin/env"):  # the chain really went through the shims
+        assert f"{command} " in argv_log, argv_log
+    assert password not in argv_log and pip_secret not in argv_log, "a secret was on a command line"
+    assert bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}", "info", "release"]
+    got = dict(kv.split("=", 1) for kv in bazel_env.read_text().split("\0") if kv)
+    assert got.pop("KIMI_K3_REGISTRY_PASSWORD") == password
+    assert got.pop("PIP_INDEX_URL") == env["PIP_INDEX_URL"]
+    assert got == {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "LANG": "C.UTF-8", "TERM": "dumb", "PWD": str(cache), "OLDPWD": "/", "KIMI_K3_PYTHON": str(fake_py),
+                   "KIMI_K3_CACHE": str(cache), "KIMI_K3_FORCE_SEALED_ROOT": "1",
+                   "KIMI_K3_SEALED_ROOT_DIR": str(roots), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
+                   "KIMI_K3_REGISTRY_USERNAME": "alice"}
 
 
 if __name__ == "__main__":
