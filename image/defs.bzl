@@ -54,14 +54,14 @@ def _run_tool(ctx, module, args, inputs, outputs, mnemonic, progress, requiremen
 # Each rule's inputs name only the tool modules it runs (and what they import), not all of
 # //tools: an edit to an unrelated tool (say tools/kernel_cache.py) must not invalidate the
 # multi-GB layer actions. Keep these lists in step with the `from tools ...` imports.
-_COMMON_SRCS = ["//tools:__init__.py", "//tools:errors.py", "//tools:oci_layer.py"]
+_COMMON_SRCS = ["//tools:__init__.py", "//tools/common:errors.py", "//tools:oci_layer.py"]
 _IMAGE_SRCS = _COMMON_SRCS + ["//tools:oci_image.py", "//tools:lockfile.py"]
 
 def _tool_attrs(srcs):
     return {"_tool_srcs": attr.label_list(default = srcs, allow_files = [".py"])}
 
 _LAYER_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS)
-_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools:digests.py", "//tools:rootfs.py"])
+_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools/common:hashing.py", "//tools:rootfs.py"])
 _SBOM_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:sbom.py"])
 _IMAGE_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS)
 _PUSH_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:oci_push.py"])

@@ -255,7 +255,7 @@ _kernel_cache = rule(
         "_toolchain_fingerprint": attr.label(allow_single_file = True, default = "@kimi_cuda_toolchain//:fingerprint.txt"),
         "_tool_srcs": attr.label_list(
             allow_files = True,
-            default = ["//tools:__init__.py", "//tools:digests.py", "//tools:errors.py", "//tools:kernel_cache.py"],
+            default = ["//tools:__init__.py", "//tools/common:hashing.py", "//tools/common:errors.py", "//tools:kernel_cache.py"],
         ),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],

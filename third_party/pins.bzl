@@ -49,8 +49,8 @@ _pinned_file = repository_rule(
         "_tool_srcs": attr.label_list(default = [
             "//tools:fetch.py",
             "//tools:lockfile.py",
-            "//tools:errors.py",
-            "//tools:digests.py",
+            "//tools/common:errors.py",
+            "//tools/common:hashing.py",
         ]),
     },
     environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],

@@ -25,7 +25,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools import oci_image, oci_layer, oci_push, sbom
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT_IMAGE_PATH = "/usr/local/bin/kimi-k3-entrypoint"

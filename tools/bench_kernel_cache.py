@@ -32,7 +32,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).absolute().parent.parent))
 
 from tools import kernel_cache as kc
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 
 def timed_build(args: argparse.Namespace, variant: str, cache_dir: Path, out: Path) -> dict:

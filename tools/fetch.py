@@ -45,8 +45,8 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from tools import lockfile  # noqa: E402
-from tools.errors import UserError, run_cli  # noqa: E402
-from tools.digests import sha256_file
+from tools.common.errors import UserError, run_cli  # noqa: E402
+from tools.common.hashing import sha256_file
 from tools.lockfile import FilePin, GitDiffPin, GitTreePin, Lock, Pin  # noqa: E402
 
 CHUNK = 1 << 20

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 AOT = Path("flashinfer") / "data" / "aot"
 

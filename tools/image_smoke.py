@@ -40,8 +40,8 @@ from typing import Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.errors import UserError, run_cli
-from tools.digests import sha256_file
+from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
 from tools.oci_image import blob_path, read_index_manifest
 from tools.oci_layer import SITE_PACKAGES
 

@@ -65,8 +65,8 @@ if __package__ in (None, ""):
     # `from tools import ...` work the same way it does under Bazel and pytest.
     sys.path.insert(0, str(Path(__file__).absolute().parent.parent))
 
-from tools.errors import UserError, run_cli
-from tools.digests import sha256_file
+from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
 
 PLAN_SCHEMA = 1
 CACHE_JSON_SCHEMA = 1

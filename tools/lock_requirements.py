@@ -20,8 +20,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Sequence
 
-from tools.errors import UserError, run_cli
-from tools.digests import sha256_file
+from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
 
 HEADER = """\
 # Hashed lock of the venv that runs this project's tools and tests (the Bazel Python toolchain,

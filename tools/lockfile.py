@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
-from tools.errors import UserError
+from tools.common.errors import UserError
 
 SCHEMA_VERSION = 1
 # absolute(), not resolve(): under Bazel, tools/ and third_party/ are runfiles symlinks whose

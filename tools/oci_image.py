@@ -30,7 +30,7 @@ from typing import Any, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 from tools.oci_layer import canonical_json, compression_id, source_date_epoch
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"

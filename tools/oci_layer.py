@@ -44,7 +44,7 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 GZIP_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 TAR_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"

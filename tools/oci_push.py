@@ -53,7 +53,7 @@ from typing import Iterator, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 from tools.oci_image import blob_path, read_index_manifest, sha256_digest
 from tools.oci_layer import write_bytes_atomic
 

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 from tools import wheel_repack
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 STATE_APPLIES = "applies"
 STATE_UPSTREAM = "already upstream"

@@ -35,7 +35,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from tools import fetch, lockfile  # noqa: E402
-from tools.errors import UserError, run_cli  # noqa: E402
+from tools.common.errors import UserError, run_cli  # noqa: E402
 from tools.lockfile import FilePin  # noqa: E402
 
 PYPI_SIMPLE = "https://pypi.org/simple"

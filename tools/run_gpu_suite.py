@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 
 ROOT = Path(__file__).absolute().parents[1]
 

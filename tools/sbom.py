@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools import lockfile
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 from tools.oci_image import rfc3339
 from tools.oci_layer import canonical_json, source_date_epoch, write_bytes_atomic
 

@@ -24,7 +24,7 @@ from typing import Sequence
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from tools.errors import UserError, run_cli
+from tools.common.errors import UserError, run_cli
 from tools.wheel_repack import PATCHED_LOCAL_LABEL, read_metadata_name_version
 
 FLASHINFER_PYTHON = "flashinfer-python"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from tools.errors import UserError
-from tools.digests import sha256_file
+from tools.common.errors import UserError
+from tools.common.hashing import sha256_file
 
 # Zip timestamps cannot predate 1980-01-01 00:00:00 UTC.
 ZIP_EPOCH_MIN = 315532800

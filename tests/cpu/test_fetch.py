@@ -25,7 +25,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools import fetch, lockfile, pypi_lock  # noqa: E402
-from tools.errors import UserError  # noqa: E402
+from tools.common.errors import UserError  # noqa: E402
 
 FETCH_PY = REPO_ROOT / "tools" / "fetch.py"
 

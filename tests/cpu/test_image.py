@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from tools import image_smoke, oci_image, oci_layer, oci_push, rootfs, sbom  # noqa: E402
-from tools.errors import UserError  # noqa: E402
+from tools.common.errors import UserError  # noqa: E402
 
 EPOCH = 1700000000
 ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from tools import kernel_cache as kc
-from tools.errors import UserError
+from tools.common.errors import UserError
 
 MARKER = "kimi-k3 kernel cache test patch"
 MARKED_FILE = "flashinfer/data/include/flashinfer/activation.cuh"

@@ -23,7 +23,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools import lockfile, pypi_lock  # noqa: E402
-from tools.errors import UserError  # noqa: E402
+from tools.common.errors import UserError  # noqa: E402
 
 
 def make_wheel(project: str, version: str, tag: str = "py3-none-any", requires: tuple[str, ...] = ()) -> tuple[str, bytes]:

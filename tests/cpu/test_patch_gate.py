@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:  # run as a plain script (py_test main) from anywh
 
 from tests.cpu.conftest import artifact  # noqa: E402
 from tools import patch_gate, wheel_repack  # noqa: E402
-from tools.errors import run_cli  # noqa: E402
+from tools.common.errors import run_cli  # noqa: E402
 
 FI_LAYOUT = REPO / "flashinfer_patches" / "wheel_layout.json"
 SGL_LAYOUT = REPO / "sglang_patches" / "wheel_layout.json"

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from tests.cpu.conftest import artifact
 from tools import patch_gate, wheel_repack
-from tools.errors import run_cli
+from tools.common.errors import run_cli
 
 # absolute(), not resolve(): under Bazel the runfiles tree (with its declared data) is the root.
 ROOT = Path(__file__).absolute().parents[2]

@@ -11,7 +11,7 @@ if str(REPO) not in sys.path:  # run as a plain script (py_test main) from anywh
     sys.path.insert(0, str(REPO))
 
 from tools import version_coherence as vc  # noqa: E402
-from tools.errors import UserError, run_cli  # noqa: E402
+from tools.common.errors import UserError, run_cli  # noqa: E402
 LOCK = REPO / "third_party" / "pins.lock.json"
 PATCHED = "0.6.18+kimik3.01382e17"
 

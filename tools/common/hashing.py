@@ -1,4 +1,4 @@
-"""sha256 of files, the one implementation every stage uses (stdlib only: repository rules run it)."""
+"""sha256 of files and bytes, the one implementation every stage uses."""
 from __future__ import annotations
 
 import hashlib
@@ -14,3 +14,7 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,11 @@
+"""The ground package: what every stage uses, written once.
+
+- errors: UserError (one line naming the input and the fix) and run_cli (exit 2, no traceback)
+- hashing: sha256 of files and bytes
+- files: atomic writes (a temp sibling, then a rename: readers never see half a file)
+- jsonfmt: the two JSON encodings, each named for what it is for
+- cache: the artifact cache root every stage shares
+- progress: progress of long work (done/total, rate, ETA) on stderr
+
+Standard library only: repository rules run these files before any venv exists.
+"""
