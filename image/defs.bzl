@@ -1,11 +1,11 @@
 """Thin Bazel rules over the image tools (all logic is in tools/*.py, tested on its own).
 
-    debian_rootfs      tools/rootfs.py debian: the base OS tar (mmdebstrap; network + root)
-    oci_layer          tools/oci_layer.py: one reproducible layer blob + its descriptor
+    debian_rootfs      tools/image/rootfs.py debian: the base OS tar (mmdebstrap; network + root)
+    oci_layer          tools/image/layer.py: one reproducible layer blob + its descriptor
     empty_directory    a directory output with nothing in it (stand-in kernel cache)
-    sbom               tools/sbom.py: the SPDX document shipped in the image
-    oci_image_layout   tools/oci_image.py: the OCI layout (directory) from layers, bottom first
-    oci_push           `bazel run` target: tools/oci_push.py on that layout
+    sbom               tools/image/sbom.py: the SPDX document shipped in the image
+    oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
+    oci_push           `bazel run` target: tools/image/push.py on that layout
     kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
@@ -14,7 +14,7 @@ sees identical inputs and is a cache hit. SOURCE_DATE_EPOCH is a mandatory attri
 BUILD file's constant), never the wall clock, so the same inputs give the same digests.
 
 Every image action runs unsandboxed: the tools read input trees with lstat (symlinks are
-kept as symlinks in a layer, see tools/oci_layer.py), so a sandbox's symlink forest would leak
+kept as symlinks in a layer, see tools/image/layer.py), so a sandbox's symlink forest would leak
 into the layer; and the inputs are GBs of wheels, which a sandbox only slows down.
 """
 
@@ -52,19 +52,19 @@ def _run_tool(ctx, module, args, inputs, outputs, mnemonic, progress, requiremen
     )
 
 # Each rule's inputs name only the tool modules it runs (and what they import), not all of
-# //tools: an edit to an unrelated tool (say tools/kernel_cache.py) must not invalidate the
+# //tools: an edit to an unrelated tool (say tools/kernel_cache) must not invalidate the
 # multi-GB layer actions. Keep these lists in step with the `from tools ...` imports.
-_COMMON_SRCS = ["//tools:__init__.py", "//tools/common:errors.py", "//tools:oci_layer.py"]
-_IMAGE_SRCS = _COMMON_SRCS + ["//tools:oci_image.py", "//tools:lockfile.py"]
+_COMMON_SRCS = ["//tools:__init__.py", "//tools/common:errors.py", "//tools/image:layer.py"]
+_IMAGE_SRCS = _COMMON_SRCS + ["//tools/image:layout.py", "//tools/pins:lock.py"]
 
 def _tool_attrs(srcs):
     return {"_tool_srcs": attr.label_list(default = srcs, allow_files = [".py"])}
 
 _LAYER_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS)
-_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools/common:hashing.py", "//tools:rootfs.py"])
-_SBOM_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:sbom.py"])
+_ROOTFS_TOOL_ATTRS = _tool_attrs(_COMMON_SRCS + ["//tools/common:hashing.py", "//tools/image:rootfs.py"])
+_SBOM_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools/image:sbom.py"])
 _IMAGE_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS)
-_PUSH_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools:oci_push.py"])
+_PUSH_TOOL_ATTRS = _tool_attrs(_IMAGE_SRCS + ["//tools/image:push.py"])
 _PY_TOOLCHAIN = ["@bazel_tools//tools/python:toolchain_type"]
 
 # ---------------------------------------------------------------- base rootfs
@@ -81,13 +81,13 @@ def _debian_rootfs_impl(ctx):
     args.add("--source-date-epoch", ctx.attr.source_date_epoch)
 
     # mmdebstrap downloads .debs and needs root (chroot, mounts). The action cache keeps the
-    # tar until an attribute changes; tools/rootfs.py also keeps it in the user's cache
+    # tar until an attribute changes; tools/image/rootfs.py also keeps it in the user's cache
     # (${KIMI_K3_CACHE:-~/.cache/kimi-k3-build}/rootfs), so `bazel clean` does not refetch.
     # Reproducible only while the mirror's content is fixed: set `mirror` to a
     # snapshot.debian.org URL to pin it.
     _run_tool(
         ctx,
-        "rootfs",
+        "image.rootfs",
         args,
         [],
         [out],
@@ -112,12 +112,12 @@ debian_rootfs = rule(
 # ---------------------------------------------------------------- layers
 
 LayerInfo = provider(
-    doc = "One image layer from tools/oci_layer.py.",
+    doc = "One image layer from tools/image/layer.py.",
     fields = {"blob": "the layer blob (tar+gzip)", "descriptor": "its descriptor JSON"},
 )
 
 def _image_file_spec(image_path_and_mode, file):
-    """`IMAGE_PATH[:MODE]` (the dict value in BUILD) -> tools/oci_layer.py's --file value."""
+    """`IMAGE_PATH[:MODE]` (the dict value in BUILD) -> tools/image/layer.py's --file value."""
     image_path, _, mode = image_path_and_mode.partition(":")
     return "%s=%s%s" % (image_path, file.path, (":" + mode) if mode else "")
 
@@ -158,7 +158,7 @@ def _oci_layer_impl(ctx):
         inputs.append(f)
     if ctx.attr.kernel_cache_arch:
         args.add("--kernel-cache-arch", ctx.attr.kernel_cache_arch)
-    _run_tool(ctx, "oci_layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
+    _run_tool(ctx, "image.layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
     return [
         DefaultInfo(files = depset([blob, descriptor])),
         LayerInfo(blob = blob, descriptor = descriptor),
@@ -166,7 +166,7 @@ def _oci_layer_impl(ctx):
 
 oci_layer = rule(
     implementation = _oci_layer_impl,
-    doc = "One reproducible layer (tools/oci_layer.py): sorted entries, fixed mtimes/owners/modes, fixed gzip.",
+    doc = "One reproducible layer (tools/image/layer.py): sorted entries, fixed mtimes/owners/modes, fixed gzip.",
     attrs = _LAYER_TOOL_ATTRS | {
         "layer_name": attr.string(doc = "name recorded in the manifest annotation (default: target name without layer_)"),
         "tars": attr.label_list(allow_files = [".tar"], doc = "rootfs tars (owners and special bits kept)"),
@@ -202,7 +202,7 @@ def _sbom_impl(ctx):
     args.add("--out", out)
     args.add("--source-date-epoch", ctx.attr.source_date_epoch)
     args.add_all(ctx.files.gate_manifests, before_each = "--gate-manifest")
-    _run_tool(ctx, "sbom", args, [ctx.file.lock] + ctx.files.gate_manifests, [out], "Sbom", "Writing the SBOM %{label}")
+    _run_tool(ctx, "image.sbom", args, [ctx.file.lock] + ctx.files.gate_manifests, [out], "Sbom", "Writing the SBOM %{label}")
     return [DefaultInfo(files = depset([out]))]
 
 sbom = rule(
@@ -238,12 +238,12 @@ def _oci_image_layout_impl(ctx):
     args.add_all(ctx.attr.entrypoint, before_each = "--entrypoint")
     args.add_all(["%s=%s" % (k, v) for k, v in sorted(ctx.attr.env.items())], before_each = "--env")
     args.add_all(["%s=%s" % (k, v) for k, v in sorted(ctx.attr.labels.items())], before_each = "--label")
-    _run_tool(ctx, "oci_image", args, inputs, [out], "OciImage", "Assembling the OCI layout %{label}")
+    _run_tool(ctx, "image.layout", args, inputs, [out], "OciImage", "Assembling the OCI layout %{label}")
     return [DefaultInfo(files = depset([out]))]
 
 oci_image_layout = rule(
     implementation = _oci_image_layout_impl,
-    doc = "OCI image layout directory (tools/oci_image.py); prints manifest/config/index digests.",
+    doc = "OCI image layout directory (tools/image/layout.py); prints manifest/config/index digests.",
     attrs = _IMAGE_TOOL_ATTRS | {
         "layers": attr.label_list(providers = [LayerInfo], doc = "bottom first"),
         "stack": attr.string(),
@@ -259,14 +259,14 @@ oci_image_layout = rule(
 )
 
 _PUSH_SCRIPT = """#!/bin/bash
-# Generated by //image:defs.bzl oci_push: push {layout} with tools/oci_push.py.
+# Generated by //image:defs.bzl oci_push: push {layout} with tools/image/push.py.
 set -euo pipefail
 # `bazel run` starts us in the runfiles tree; the layout and tools/ are resolved there, then
 # we return to the user's directory so relative paths in the arguments (--authfile) work.
 runfiles=$PWD
 layout=$(readlink -f "$runfiles/{layout}")
 cd "${{BUILD_WORKING_DIRECTORY:-$runfiles}}"
-PYTHONPATH="$runfiles" PYTHONDONTWRITEBYTECODE=1 exec "{python}" -m tools.oci_push --layout "$layout" "$@"
+PYTHONPATH="$runfiles" PYTHONDONTWRITEBYTECODE=1 exec "{python}" -m tools.image.push --layout "$layout" "$@"
 """
 
 def _oci_push_impl(ctx):
@@ -285,7 +285,7 @@ def _oci_push_impl(ctx):
 oci_push = rule(
     implementation = _oci_push_impl,
     executable = True,
-    doc = "`bazel run` target: push the layout by digest, verify, then tag (tools/oci_push.py).",
+    doc = "`bazel run` target: push the layout by digest, verify, then tag (tools/image/push.py).",
     attrs = _PUSH_TOOL_ATTRS | {
         "layout": attr.label(mandatory = True, allow_single_file = True),
     },

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import oci_layer
-from tools.sbom import spdx_id
+from tools.image import layer as oci_layer
+from tools.image.sbom import spdx_id
 
 SITE = "usr/local/lib/python3.11/dist-packages"
 

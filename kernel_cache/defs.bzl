@@ -1,4 +1,4 @@
-"""Thin Bazel rules over tools/kernel_cache.py: one action per FlashInfer object.
+"""Thin Bazel rules over tools/kernel_cache: one action per FlashInfer object.
 
     flashinfer_kernel_cache(name, arch = None)
 
@@ -19,7 +19,7 @@ are simply not wired).
 
 Toolchain: `--//kernel_cache:cuda_home` (default /usr/local/cuda) is the CUDA root; compilers
 run chrooted into `--//kernel_cache:host_root` (default `auto`: /run/kimi-k3-host when
-tools/bazel mounted the host there, see tools/kernel_cache.py DEFAULT_HOST_ROOT for why), hence
+tools/bazel mounted the host there, see tools/kernel_cache DEFAULT_HOST_ROOT for why), hence
 `no-sandbox` on compile and link actions (chroot needs the real execroot). The nvcc release must
 equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cache.json.
 """
@@ -30,7 +30,7 @@ ARCHS = {"12.0f": "120f", "9.0a": "90a"}
 
 VARIANTS = ["full", "lean"]
 
-# tools/kernel_cache.py SPEC_SCHEMA: the spec files' format version (//kernel_cache:plan_check
+# tools/kernel_cache SPEC_SCHEMA: the spec files' format version (//kernel_cache:plan_check
 # checks that these files equal the tool's object_spec/link_spec).
 SPEC_SCHEMA = 1
 
@@ -58,7 +58,7 @@ def _res_1500m(_os, _inputs):
 
 def _resources(mem_mb):
     # resource_set must name a top-level function of (os, inputs_size): one per memory class of
-    # tools/kernel_cache.py _MEM_HINTS_MB (the next class up for anything in between).
+    # tools/kernel_cache _MEM_HINTS_MB (the next class up for anything in between).
     if mem_mb > 7500:
         return _res_9g
     if mem_mb > 4000:
@@ -105,7 +105,7 @@ def _kernel_cache_impl(ctx):
     plan_file = ctx.file.plan_file
     # The toolchain fingerprint (nvcc, host compilers) is in every action's key. The plan file is
     # not: compile and link actions read their own entry (a spec file written below, same fields
-    # as tools/kernel_cache.py object_spec/link_spec), so lean and full share identical objects
+    # as tools/kernel_cache object_spec/link_spec), so lean and full share identical objects
     # and a regenerated plan recompiles only the objects whose command changed.
     base_inputs = depset([ctx.file._toolchain_fingerprint], transitive = [tool_files])
 
@@ -237,7 +237,7 @@ def _kernel_cache_impl(ctx):
             aot = depset([out_dir]),
             only = depset([subset]),
             modules = depset(module_sos),
-            # For :plan_check, which compares them with tools/kernel_cache.py object_spec/link_spec.
+            # For :plan_check, which compares them with tools/kernel_cache object_spec/link_spec.
             specs = depset(specs),
         ),
     ]
@@ -255,7 +255,7 @@ _kernel_cache = rule(
         "_toolchain_fingerprint": attr.label(allow_single_file = True, default = "@kimi_cuda_toolchain//:fingerprint.txt"),
         "_tool_srcs": attr.label_list(
             allow_files = True,
-            default = ["//tools:__init__.py", "//tools/common:hashing.py", "//tools/common:errors.py", "//tools:kernel_cache.py"],
+            default = ["//tools:__init__.py", "//tools/common:hashing.py", "//tools/common:errors.py", "//tools/kernel_cache:__init__.py"],
         ),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],

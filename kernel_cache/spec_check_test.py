@@ -1,6 +1,6 @@
-"""`//kernel_cache:spec_check` (in CI through //tests/cpu:kernel_cache_bazel): defs.bzl writes each
+"""`//kernel_cache:spec_check` (in CI through //tests/cpu/kernel_cache:kernel_cache_bazel): defs.bzl writes each
 compile/link action's spec in Starlark at analysis time; every one must be exactly what
-tools/kernel_cache.py object_spec/link_spec derive from the selected checked-in plan (one
+tools/kernel_cache object_spec/link_spec derive from the selected checked-in plan (one
 format, two writers). Needs only the plan and the spec files: no tree, no nvcc, no compiling.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ def _fingerprint_impl(rctx):
         lines.append("version.json: " + rctx.read(version_json))
 
     # The compilers nvcc drives: the host userland's when tools/bazel mounts it (see
-    # tools/kernel_cache.py --host-root), else this root's.
+    # tools/kernel_cache --host-root), else this root's.
     if rctx.path(host + "/usr/bin").exists:
         cxx = ["chroot", host, "c++", "--version"]
         os_release = rctx.path(host + "/etc/os-release")

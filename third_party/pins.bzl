@@ -1,7 +1,7 @@
 """Module extension: one lazily fetched repository per pin of third_party/pins.lock.json.
 
 The lock is the single source of truth. Starlark only reads it to declare repositories; the
-fetch, verification, cache and mirror logic is tools/fetch.py (tested on its own), which each
+fetch, verification, cache and mirror logic is tools/fetch (tested on its own), which each
 repository rule runs with the interpreter named by KIMI_K3_PYTHON.
 
 Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`). Each pin gets only
@@ -34,7 +34,7 @@ def _pinned_file_impl(rctx):
     rctx.report_progress("fetching pin %s" % rctx.attr.pin)
     res = rctx.execute(args, environment = env, timeout = 7200, quiet = False)
     if res.return_code != 0:
-        # tools/fetch.py prints a one-line `error: ...` naming the pin and the fix.
+        # tools/fetch prints a one-line `error: ...` naming the pin and the fix.
         fail("pin '%s': %s" % (rctx.attr.pin, (res.stderr.strip().splitlines() or ["fetch failed"])[-1]))
     rctx.file("file/BUILD.bazel", 'exports_files(["{f}"])\nfilegroup(name = "file", srcs = ["{f}"], visibility = ["//visibility:public"])\n'.format(f = rctx.attr.filename))
     rctx.file("BUILD.bazel", "")
@@ -47,8 +47,8 @@ _pinned_file = repository_rule(
         "filename": attr.string(mandatory = True),
         "_module_file": attr.label(default = "//:MODULE.bazel"),
         "_tool_srcs": attr.label_list(default = [
-            "//tools:fetch.py",
-            "//tools:lockfile.py",
+            "//tools/fetch:__init__.py",
+            "//tools/pins:lock.py",
             "//tools/common:errors.py",
             "//tools/common:hashing.py",
         ]),

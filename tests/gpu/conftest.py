@@ -11,7 +11,7 @@
 - What is under test is the stack's output, not whatever is installed: KIMI_GPU_WHEELS (paths
   separated by os.pathsep: wheels or directories of wheels, e.g. the patched FlashInfer wheel and
   Mooncake) and KIMI_GPU_KERNEL_CACHE (the prebuilt cache for this GPU's arch) are laid out into
-  one site directory put first on sys.path (tools/gpu_site.py).
+  one site directory put first on sys.path (tools/gpu_suite/site.py).
 - FLASHINFER_DISABLE_JIT=1 unless KIMI_K3_GPU_ALLOW_JIT=1: the first call must compile nothing.
   A test names the cached module it needs with `require_cached_module`; which modules the cache
   must have comes from kernel_cache/modules.json (KIMI_GPU_KERNEL_MODULES under Bazel): every
@@ -19,10 +19,10 @@
   `--//kernel_cache:only` build was made with (KIMI_GPU_KERNEL_CACHE_ONLY, comma separated, or
   KIMI_GPU_KERNEL_CACHE_ONLY_FILE). A declared module the cache lacks fails the test; only a
   module outside that set (declared for other archs, or left out by `only`) is skipped, with the
-  reason (tools/gpu_site.py module_verdict).
+  reason (tools/gpu_suite/site.py module_verdict).
 - Under Bazel, pytest's JUnit XML goes to XML_OUTPUT_FILE (as in the CPU suite).
 - Nothing runs this suite in CI (.ci/run runs the CPU suite only): run it on a GPU host with
-  `tools/bazel test //tests/gpu/... --config=gpu` or tools/run_gpu_suite.py.
+  `tools/bazel test //tests/gpu/... --config=gpu` or tools/gpu_suite/run.py.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ if os.environ.get("KIMI_K3_GPU_ALLOW_JIT") != "1":
 ROOT = Path(__file__).absolute().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from tools import gpu_site  # noqa: E402
+from tools.gpu_suite import site as gpu_site  # noqa: E402
 
 CACHED_MODULES: list[str] = []
 
@@ -62,7 +62,7 @@ def import_or_fail(name: str) -> ModuleType:
 
 
 def _prepare_site() -> None:
-    # os.pathsep-separated (tools/run_gpu_suite.py) or space-separated (Bazel's $(rootpaths)).
+    # os.pathsep-separated (tools/gpu_suite/run.py) or space-separated (Bazel's $(rootpaths)).
     raw = os.environ.get("KIMI_GPU_WHEELS", "").replace(os.pathsep, " ")
     wheels = [Path(p).absolute() for p in raw.split() if p]
     cache = os.environ.get("KIMI_GPU_KERNEL_CACHE")

@@ -1,0 +1,905 @@
+"""CPU tests of the image stages with a tiny image (tag cpu).
+
+The tiny image goes through the same code as the real one: tools/image/rootfs.py builds a base rootfs
+that holds only this machine's python (the chroot smoke test really runs it), tools/image/layer.py
+writes the layers, tools/image/layout.py the layout, tools/image/push.py pushes it to Debian's
+docker-registry on 127.0.0.1, skopeo reads it back, tools/image/smoke.py unpacks and chroots.
+
+Needs (Debian): docker-registry, skopeo, umoci, apache2-utils (htpasswd); pip: installer. Root
+for chroot. Everything is written under pytest's tmp_path. KIMI_TEST_FLASHINFER_WHEEL (the pinned
+flashinfer-python 0.6.18 wheel) is required by the real-wheel layer test.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from tests.cpu.conftest import artifact
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tools.image import smoke as image_smoke  # noqa: E402
+
+from tools.image import layout as oci_image
+
+from tools.image import layer as oci_layer
+
+from tools.image import push as oci_push
+
+from tools.image import rootfs
+
+from tools.image import sbom
+from tools.common.errors import UserError  # noqa: E402
+
+EPOCH = 1700000000
+ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
+SITE = "usr/local/lib/python3.11/dist-packages"
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No user credentials or caches leak in; skopeo's temp files stay under tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("KIMI_K3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(EPOCH))
+    for var in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", oci_push.USER_ENV, oci_push.PASSWORD_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="module")
+def host_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # typing: image/entrypoint.py imports it and the guard is also run inside the chroot.
+    return rootfs.host_python_rootfs(tmp_path_factory.mktemp("rootfs") / "root", ["typing", "__future__"])
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[oci_push.RegistryProcess]:
+    reg = oci_push.start_registry(tmp_path / "registry")
+    yield reg
+    oci_push.stop_registry(reg)
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def build_layer(out_dir: Path, name: str, **sources: list[str]) -> tuple[Path, Path]:
+    blob, desc = out_dir / f"{name}.tar.gz", out_dir / f"{name}.json"
+    argv = ["--name", name, "--out", str(blob), "--descriptor", str(desc)]
+    for flag, values in sources.items():
+        for v in values:
+            argv += [f"--{flag.replace('_', '-')}", v]
+    assert oci_layer.main(argv) == 0
+    return desc, blob
+
+
+def build_tiny_image(work: Path, host_rootfs: Path, sglang_text: str = "PATCHED = 1\n",
+                     flashinfer_text: str = "VALUE = 42\n") -> Path:
+    """base (python) / flashinfer-like / kernel cache / sglang-like / entrypoint / sbom layers."""
+    src = work / "src"
+    fi = write_tree(src / "flashinfer", {"tinyfi/__init__.py": flashinfer_text})
+    aot = write_tree(src / "aot", {"tinyfi/data/aot/mod/mod.so": "not really a shared object\n"})
+    sg = write_tree(src / "sglang", {"tinysg/__init__.py": sglang_text})
+    sbom_file = work / "sbom.spdx.json"
+    sbom_file.write_text('{"spdxVersion":"SPDX-2.3"}\n')
+    layers = work / "layers"
+    specs = [
+        ("base", {"tree": [f"/={host_rootfs}"]}),
+        ("flashinfer", {"site_tree": [str(fi)]}),
+        ("kernel-cache", {"site_tree": [str(aot)]}),
+        ("sglang", {"site_tree": [str(sg)]}),
+        ("entrypoint", {"file": [f"/usr/local/bin/kimi-k3-entrypoint={ENTRYPOINT}:755"]}),
+        ("sbom", {"file": [f"{sbom.IMAGE_PATH}={sbom_file}"]}),
+    ]
+    argv = ["--out", str(work / "layout"), "--stack", "tiny", "--sbom", str(sbom_file),
+            "--entrypoint", "/usr/local/bin/kimi-k3-entrypoint", "--env", "FLASHINFER_DISABLE_JIT=1"]
+    for name, sources in specs:
+        desc, blob = build_layer(layers, name, **sources)
+        argv += ["--layer", str(desc), str(blob)]
+    assert oci_image.main(argv) == 0
+    return work / "layout"
+
+
+def manifest_of(layout: Path) -> dict:
+    _, data = oci_image.read_index_manifest(layout)
+    return json.loads(data)
+
+
+def layer_digests(layout: Path) -> dict[str, str]:
+    return {l["annotations"]["org.kimi-k3.layer"]: l["digest"] for l in manifest_of(layout)["layers"]}
+
+
+def registry_tags(reg_host: str, path: str) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"http://{reg_host}/v2/{path}/tags/list", timeout=5) as r:
+            return list(json.loads(r.read()).get("tags") or [])
+    except urllib.error.HTTPError:
+        return []
+
+
+# ---------------------------------------------------------------- layers
+
+def test_layer_bytes_do_not_depend_on_host_metadata(tmp_path: Path) -> None:
+    a = write_tree(tmp_path / "a", {"pkg/__init__.py": "x = 1\n", "pkg/bin/tool": "#!/bin/sh\n"})
+    b = write_tree(tmp_path / "b", {"pkg/bin/tool": "#!/bin/sh\n", "pkg/__init__.py": "x = 1\n"})
+    os.chmod(a / "pkg/bin/tool", 0o700)
+    os.chmod(b / "pkg/bin/tool", 0o775)
+    os.chmod(b / "pkg/__init__.py", 0o600)
+    os.utime(b / "pkg/__init__.py", (1, 1))
+    (a / "pkg" / "link").symlink_to("__init__.py")
+    (b / "pkg" / "link").symlink_to("__init__.py")
+    da, ba = build_layer(tmp_path / "out-a", "t", tree=[f"opt/x={a}"])
+    db, bb = build_layer(tmp_path / "out-b", "t", tree=[f"opt/x={b}"])
+    assert ba.read_bytes() == bb.read_bytes()
+    desc = json.loads(da.read_text())
+    assert desc["digest"] == "sha256:" + hashlib.sha256(ba.read_bytes()).hexdigest()
+    raw = ba.read_bytes()
+    assert raw[:3] == b"\x1f\x8b\x08" and raw[3] & 0x08 == 0, "gzip header must carry no file name"
+    assert raw[4:8] == b"\0\0\0\0", "gzip header mtime must be 0"
+    tar_bytes = gzip.decompress(raw)
+    assert desc["diff_id"] == "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
+        members = tf.getmembers()
+    names = [m.name for m in members]
+    assert names == sorted(names)
+    assert names[:3] == ["opt", "opt/x", "opt/x/pkg"], "parents come first"
+    by_name = {m.name: m for m in members}
+    assert by_name["opt/x/pkg/bin/tool"].mode == 0o755
+    assert by_name["opt/x/pkg/__init__.py"].mode == 0o644
+    assert by_name["opt/x/pkg/link"].issym() and by_name["opt/x/pkg/link"].linkname == "__init__.py"
+    assert all(m.mtime == EPOCH and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
+
+
+def test_base_tar_keeps_owners_special_bits_and_orders_hardlinks(tmp_path: Path) -> None:
+    src = tmp_path / "base.tar"
+    with tarfile.open(src, "w", format=tarfile.GNU_FORMAT) as tf:
+        def add(name: str, kind: bytes, mode: int, uid: int = 0, gid: int = 0, data: bytes = b"", link: str = "") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.uid, info.gid = kind, mode, uid, gid
+            info.uname, info.mtime, info.linkname, info.size = "someone", 12345, link, len(data)
+            tf.addfile(info, io.BytesIO(data) if data else None)
+        add("./usr/bin/zz", tarfile.REGTYPE, 0o4755, data=b"suid")
+        add("./usr/bin/aa", tarfile.LNKTYPE, 0o4755, link="./usr/bin/zz")  # link sorts before target
+        add("./tmp", tarfile.DIRTYPE, 0o1777)
+        add("./etc/shadow", tarfile.REGTYPE, 0o640, gid=42, data=b"root:*:\n")
+        add("./dev/null", tarfile.CHRTYPE, 0o666)
+    _, blob = build_layer(tmp_path / "out", "base", tar=[str(src)])
+    with tarfile.open(blob) as tf:
+        m = {x.name: x for x in tf.getmembers()}
+        assert m["tmp"].mode == 0o1777
+        assert m["etc/shadow"].gid == 42 and m["etc/shadow"].mode == 0o640 and m["etc/shadow"].gname == ""
+        assert m["usr/bin/aa"].isreg() and tf.extractfile("usr/bin/aa").read() == b"suid"
+        assert m["usr/bin/zz"].islnk() and m["usr/bin/zz"].linkname == "usr/bin/aa"
+        assert m["usr/bin/aa"].mode == 0o4755 and m["dev/null"].ischr()
+        assert all(x.mtime == EPOCH for x in m.values())
+
+
+def make_wheel(path: Path) -> Path:
+    """A tiny wheel with a module, a console script and a correct RECORD."""
+    files = {
+        "tinywheel/__init__.py": b"def main():\n    print('hi')\n",
+        "tinywheel-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinywheel\nVersion: 1.0\n",
+        "tinywheel-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "tinywheel-1.0.dist-info/entry_points.txt": b"[console_scripts]\ntinywheel = tinywheel:main\n",
+    }
+    record = ""
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(data)}\n"
+    record += "tinywheel-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("tinywheel-1.0.dist-info/RECORD", record)
+    return path
+
+
+def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "tinywheel-1.0-py3-none-any.whl")
+    d1, b1 = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
+    d2, b2 = build_layer(tmp_path / "o2", "w", wheel=[str(wheel)])
+    assert b1.read_bytes() == b2.read_bytes()
+    with tarfile.open(b1) as tf:
+        names = tf.getnames()
+        script = tf.extractfile("usr/local/bin/tinywheel").read()
+    assert f"{SITE}/tinywheel/__init__.py" in names
+    assert f"{SITE}/tinywheel-1.0.dist-info/INSTALLER" in names
+    assert not [n for n in names if n.endswith(".pyc")], "no host byte-code in layers"
+    assert script.startswith(b"#!/usr/bin/python3\n")
+    assert str(tmp_path).encode() not in gzip.decompress(b1.read_bytes()), "no build path leaks into the layer"
+
+
+def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
+    # Bazel passes a repacked +kimik3 wheel as a directory output (its file name is only known
+    # after the build): installing from the directory must give the very same layer.
+    (tmp_path / "dir").mkdir()
+    wheel = make_wheel(tmp_path / "dir" / "tinywheel-1.0-py3-none-any.whl")
+    d1, _ = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
+    d2, _ = build_layer(tmp_path / "o2", "w", wheel_dir=[str(wheel.parent)])
+    assert json.loads(d1.read_text())["digest"] == json.loads(d2.read_text())["digest"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no .whl file"):
+        build_layer(tmp_path / "o3", "w", wheel_dir=[str(tmp_path / "empty")])
+
+
+def test_real_flashinfer_wheel_layer_is_reproducible(tmp_path: Path) -> None:
+    wheel = str(artifact("KIMI_TEST_FLASHINFER_WHEEL"))
+    d1, _ = build_layer(tmp_path / "o1", "fi", wheel=[wheel])
+    d2, _ = build_layer(tmp_path / "o2", "fi", wheel=[wheel])
+    assert json.loads(d1.read_text())["digest"] == json.loads(d2.read_text())["digest"]
+
+
+def test_layer_refuses_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="SOURCE_DATE_EPOCH"):
+        oci_layer.source_date_epoch("yesterday")
+    with pytest.raises(UserError, match="not a directory"):
+        build_layer(tmp_path, "x", tree=[f"/={tmp_path / 'missing'}"])
+    with pytest.raises(UserError, match=r"\.\."):
+        build_layer(tmp_path, "x", file=[f"../etc/x={ENTRYPOINT}"])
+    t = write_tree(tmp_path / "t", {"a": "1"})
+    with pytest.raises(UserError, match="already in this layer"):
+        build_layer(tmp_path, "x", tree=[f"/={t}", f"/={t}"])
+
+
+
+def kernel_cache_tree(root: Path, arch: str | None, modules: bool = True) -> Path:
+    """A kernel cache tree as tools/kernel_cache assembles it (arch None: no kernel_cache.json)."""
+    files = {"flashinfer/data/aot/mod/mod.so": "not really a shared object\n"} if modules else {}
+    if arch is not None:
+        files["flashinfer/data/aot/kernel_cache.json"] = json.dumps({"schema_version": 1, "arch_list": arch}) + "\n"
+    (root / "flashinfer/data/aot").mkdir(parents=True, exist_ok=True)
+    return write_tree(root, files)
+
+
+def test_kernel_cache_layer_refuses_a_cache_for_another_arch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = kernel_cache_tree(tmp_path / "sm120", "12.0f")
+    _, plain = build_layer(tmp_path / "plain", "kc", tree=[f"{SITE}={good}"])
+    _, guarded = build_layer(tmp_path / "guarded", "kc", tree=[f"{SITE}={good}"], kernel_cache_arch=["12.0f"])
+    assert guarded.read_bytes() == plain.read_bytes(), "the guard changes no byte of the layer"
+    build_layer(tmp_path / "empty", "kc", tree=[f"{SITE}={kernel_cache_tree(tmp_path / 'none', None, modules=False)}"],
+                kernel_cache_arch=["12.0f"])  # a stack without a cache: an empty flashinfer/data/aot
+    bad = [
+        ("sm90", {"tree": [f"{SITE}={kernel_cache_tree(tmp_path / 'sm90', '9.0a')}"]}, r"built for arch '9\.0a', this layer is for '12\.0f'"),
+        ("sm90-site", {"site_tree": [str(kernel_cache_tree(tmp_path / 'sm90', '9.0a'))]}, r"built for arch '9\.0a'"),
+        ("nojson", {"tree": [f"{SITE}={kernel_cache_tree(tmp_path / 'nojson', None)}"]}, "holds modules but no kernel_cache.json"),
+        ("notcache", {"tree": [f"{SITE}={write_tree(tmp_path / 'other', {'x': '1'})}"]}, "no flashinfer/data/aot in it"),
+        ("notree", {"file": [f"/x={ENTRYPOINT}"]}, "no --tree/--site-tree to check"),
+    ]
+    capsys.readouterr()
+    for name, sources, message in bad:
+        out = tmp_path / f"out-{name}"
+        argv = ["--name", "kc", "--out", str(out / "kc.tar.gz"), "--descriptor", str(out / "kc.json"),
+                "--source-date-epoch", str(EPOCH), "--kernel-cache-arch", "12.0f"]
+        for flag, values in sources.items():
+            for v in values:
+                argv += [f"--{flag.replace('_', '-')}", v]
+        assert oci_layer.run_cli(oci_layer.main, argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert re.search(message, err) and "\n" not in err, (name, err)
+        assert not out.exists() or not list(out.iterdir()), f"{name}: nothing may be written"
+
+
+# ---------------------------------------------------------------- image, push, change
+
+def test_same_inputs_same_digests_and_labels(tmp_path: Path, host_rootfs: Path) -> None:
+    one = build_tiny_image(tmp_path / "one", host_rootfs)
+    two = build_tiny_image(tmp_path / "two", host_rootfs)
+    assert (one / "index.json").read_bytes() == (two / "index.json").read_bytes()
+    assert sorted(p.name for p in (one / "blobs/sha256").iterdir()) == sorted(p.name for p in (two / "blobs/sha256").iterdir())
+    manifest = manifest_of(one)
+    config = json.loads(oci_image.blob_path(one, manifest["config"]["digest"]).read_bytes())
+    labels = config["config"]["Labels"]
+    assert labels["org.kimi-k3.stack"] == "tiny"
+    assert labels["org.kimi-k3.base-digest"] == config["rootfs"]["diff_ids"][0]
+    sbom_bytes = (tmp_path / "one" / "sbom.spdx.json").read_bytes()
+    assert labels["org.kimi-k3.sbom-sha256"] == "sha256:" + hashlib.sha256(sbom_bytes).hexdigest()
+    assert config["created"] == "2023-11-14T22:13:20Z"
+    assert config["config"]["Entrypoint"] == ["/usr/local/bin/kimi-k3-entrypoint"]
+    for blob in (one / "blobs/sha256").iterdir():
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
+
+
+def tiny_lock(path: Path, sha_other: str = "b" * 64, sha_mine: str = "a" * 64) -> Path:
+    def pin(name: str, sha: str) -> dict:
+        return {"kind": "file", "package": {"name": name, "version": "1.0"}, "filename": f"{name}-1.0-py3-none-any.whl",
+                "urls": [f"https://files.pythonhosted.org/{name}-1.0-py3-none-any.whl"], "sha256": sha}
+    path.write_text(json.dumps({"schema_version": 1, "pins": {"mine-1.0": pin("mine", sha_mine), "other-1.0": pin("other", sha_other)},
+                                "stacks": {"tiny": {"description": "t", "sglang": "mine-1.0"},
+                                           "other": {"description": "o", "sglang": "other-1.0"}}}))
+    return path
+
+
+def test_pins_label_covers_only_the_stacks_pins(tmp_path: Path) -> None:
+    base = tiny_lock(tmp_path / "a.json")
+    other_edited = tiny_lock(tmp_path / "b.json", sha_other="c" * 64)
+    mine_edited = tiny_lock(tmp_path / "c.json", sha_mine="d" * 64)
+    digests = [oci_image.stack_pins_digest(p, "tiny") for p in (base, other_edited, mine_edited)]
+    assert digests[0] == digests[1] != digests[2]
+    payload = write_tree(tmp_path / "p", {"x": "1"})
+    desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
+    with pytest.raises(UserError, match="--stack"):
+        oci_image.main(["--out", str(tmp_path / "l"), "--layer", str(desc), str(blob), "--lock", str(base)])
+
+
+def test_push_read_back_change_one_layer_and_repush(tmp_path: Path, host_rootfs: Path,
+                                                    registry: oci_push.RegistryProcess) -> None:
+    repo = oci_push.Repository(registry.host, "kimi-k3/tiny")
+    first = build_tiny_image(tmp_path / "v1", host_rootfs)
+    r1 = oci_push.push(first, repo, ["v1"])
+    assert r1.blobs_uploaded == 1 + len(manifest_of(first)["layers"])
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:v1"],
+                         check=True, stdout=subprocess.PIPE).stdout
+    assert "sha256:" + hashlib.sha256(raw).hexdigest() == r1.manifest_digest
+    assert raw == oci_image.blob_path(first, r1.manifest_digest).read_bytes(), "manifest pushed byte for byte"
+
+    second = build_tiny_image(tmp_path / "v2", host_rootfs, sglang_text="PATCHED = 2\n")
+    before, after = layer_digests(first), layer_digests(second)
+    assert [n for n in before if before[n] != after[n]] == ["sglang"], "one patch change -> one layer"
+    r2 = oci_push.push(second, repo, ["v2"])
+    changed_layer = next(l for l in manifest_of(second)["layers"] if l["digest"] == after["sglang"])
+    config_size = manifest_of(second)["config"]["size"]
+    assert r2.blobs_uploaded == 2 and r2.bytes_uploaded == changed_layer["size"] + config_size
+    assert sorted(registry_tags(registry.host, "kimi-k3/tiny")) == ["v1", "v2"]
+
+
+class CuttingProxy:
+    """A loopback TCP proxy that drops every connection once `cut_after` upload bytes passed."""
+
+    def __init__(self, upstream_port: int, cut_after: int | None) -> None:
+        self.upstream_port, self.cut_after, self.sent = upstream_port, cut_after, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upload: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upload:
+                    self.sent += len(data)
+                    if self.cut_after is not None and self.sent > self.cut_after:
+                        raise OSError("cut")
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_registry_down_mid_push_leaves_no_tag_and_rerun_completes(tmp_path: Path, host_rootfs: Path,
+                                                                  registry: oci_push.RegistryProcess) -> None:
+    payload = tmp_path / "big"
+    payload.mkdir()
+    (payload / "random.bin").write_bytes(os.urandom(3 << 20))  # incompressible: the upload is ~3 MiB
+    desc, blob = build_layer(tmp_path / "layers", "big", tree=[f"/opt/big={payload}"])
+    layout = tmp_path / "layout"
+    assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob)]) == 0
+    proxy = CuttingProxy(registry.port, cut_after=1 << 20)
+    repo = oci_push.Repository(f"127.0.0.1:{proxy.port}", "kimi-k3/cut")
+    with pytest.raises(UserError, match="no tag was written; rerun"):
+        oci_push.push(layout, repo, ["latest"])
+    assert registry_tags(registry.host, "kimi-k3/cut") == []
+    proxy.cut_after = None
+    result = oci_push.push(layout, repo, ["latest"])
+    assert registry_tags(registry.host, "kimi-k3/cut") == ["latest"]
+    assert result.blobs_uploaded is not None and result.blobs_uploaded >= 1
+
+
+def test_bad_credentials_give_a_clear_error(tmp_path: Path, host_rootfs: Path,
+                                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("htpasswd") is None:
+        pytest.fail("htpasswd is not installed: apt-get install -y apache2-utils")
+    htpasswd = tmp_path / "htpasswd"
+    subprocess.run(["htpasswd", "-Bbc", str(htpasswd), "alice", "right-password"], check=True, capture_output=True)
+    reg = oci_push.start_registry(tmp_path / "auth-registry", htpasswd=htpasswd)
+    try:
+        payload = write_tree(tmp_path / "p", {"x": "1"})
+        desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
+        layout = tmp_path / "layout"
+        assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob)]) == 0
+        monkeypatch.setenv(oci_push.USER_ENV, "alice")
+        monkeypatch.setenv(oci_push.PASSWORD_ENV, "wrong-password")
+        rc = oci_push.run_cli(oci_push.main, ["--layout", str(layout), "--repository", f"{reg.host}/kimi-k3/auth", "--tag", "t"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "rejected the credentials" in err and "wrong-password" not in err
+        with pytest.raises(UserError, match="refused by the registry|rejected the credentials"):
+            monkeypatch.delenv(oci_push.USER_ENV)
+            monkeypatch.delenv(oci_push.PASSWORD_ENV)
+            oci_push.push(layout, oci_push.Repository(reg.host, "kimi-k3/auth"), ["t"])
+        monkeypatch.setenv(oci_push.USER_ENV, "alice")
+        monkeypatch.setenv(oci_push.PASSWORD_ENV, "right-password")
+        assert oci_push.push(layout, oci_push.Repository(reg.host, "kimi-k3/auth"), ["t"]).tags == ("t",)
+        assert "right-password" not in capsys.readouterr().out
+    finally:
+        oci_push.stop_registry(reg)
+
+
+def test_default_local_registry_is_started_reused_and_stopped(tmp_path: Path, host_rootfs: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    payload = write_tree(tmp_path / "p", {"x": "1"})
+    desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
+    layout = tmp_path / "layout"
+    assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob), "--stack", "Tiny Stack"]) == 0
+    capsys.readouterr()
+    try:
+        assert oci_push.main(["--layout", str(layout)]) == 0
+        out1 = capsys.readouterr().out
+        state = json.loads((tmp_path / "cache/registry/state.json").read_text())
+        assert oci_push.main(["--layout", str(layout), "--tag", "again"]) == 0
+        out2 = capsys.readouterr().out
+        assert json.loads((tmp_path / "cache/registry/state.json").read_text()) == state, "reused, not restarted"
+        for label in ("manifest digest:", "config digest:", "index digest:", "pushed:"):
+            assert label in out1
+        assert f"pushed:          127.0.0.1:{state['port']}/kimi-k3/tiny-stack@sha256:" in out1
+        assert "uploaded:        0 of 2 blobs, 0 bytes" in out2
+    finally:
+        # As the README says: the script run directly (not through Bazel) stops the registry.
+        stop = subprocess.run([sys.executable, "-m", "tools.image.push", "--stop-local-registry"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+    assert f"stopped local registry pid {state['pid']}" in stop.stderr
+    assert not oci_push._pid_alive(state["pid"])
+    assert not (tmp_path / "cache/registry/state.json").exists()
+
+
+def test_push_refuses_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="HOST"):
+        oci_push.parse_repository("no-host")
+    with pytest.raises(UserError, match="index.json"):
+        oci_push.push(tmp_path, oci_push.Repository("127.0.0.1:1", "x/y"), [])
+    assert oci_push.parse_repository("registry.example.com/kimi/k3").loopback is False
+    assert oci_push.tls_args(oci_push.parse_repository("registry.example.com/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=true"]
+    assert oci_push.tls_args(oci_push.parse_repository("localhost:5000/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=false"]
+
+
+
+class RecordingServer:
+    """A loopback HTTP server: `handle(path, headers)` -> (status, headers, body); every request's
+    (path, headers) is kept in `seen`."""
+
+    def __init__(self, handle) -> None:  # type: ignore[no-untyped-def]
+        import http.server
+
+        seen: list[tuple[str, dict[str, str]]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                seen.append((self.path, dict(self.headers.items())))
+                status, headers, body = handle(self.path, self.headers)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = _reply
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_registry_probe_drops_authorization_on_cross_host_redirect() -> None:
+    storage = RecordingServer(lambda path, headers: (200, {}, b""))
+
+    def registry_handle(path: str, headers):  # type: ignore[no-untyped-def]
+        if "Authorization" not in headers:
+            return 401, {"WWW-Authenticate": 'Basic realm="r"'}, b""
+        if path.endswith("/blobs/sha256:aa"):  # blob reads go to storage on another host:port
+            return 307, {"Location": f"http://localhost:{storage.port}/blob"}, b""
+        if path.endswith("/blobs/sha256:bb"):  # a redirect within the registry itself
+            return 307, {"Location": "/v2/kimi/x/moved"}, b""
+        return 200, {}, b""
+
+    registry = RecordingServer(registry_handle)
+    try:
+        creds = oci_push.Credentials(None, ("alice", "pw"), "test")
+        client = oci_push.RegistryClient(oci_push.Repository(f"127.0.0.1:{registry.port}", "kimi/x"), creds)
+        assert client.blob_exists("sha256:aa") is True
+        assert [p for p, _ in storage.seen] == ["/blob"]
+        assert "Authorization" not in storage.seen[0][1], "credentials followed a redirect to another host"
+        assert client.blob_exists("sha256:bb") is True
+        moved = [h for p, h in registry.seen if p == "/v2/kimi/x/moved"]
+        assert moved and moved[0].get("Authorization", "").startswith("Basic "), "same-origin redirect keeps it"
+    finally:
+        registry.close()
+        storage.close()
+
+
+def test_bearer_realm_must_be_https_or_loopback_and_named() -> None:
+    repo = oci_push.Repository("registry.example.com", "kimi/k3")
+    client = oci_push.RegistryClient(repo, oci_push.Credentials(None, ("alice", "pw"), "test"))
+    with pytest.raises(UserError, match=r"token realm http://auth\.example\.com/token is not https") as e:
+        client._authenticate('Bearer realm="http://auth.example.com/token",service="reg"')
+    assert "\n" not in str(e.value) and client.authorization is None
+    with pytest.raises(UserError, match=r"registry\.example\.com/kimi/k3: .*Bearer challenge names no realm") as e:
+        client._authenticate('Bearer service="reg"')
+    assert "\n" not in str(e.value)
+    tokens = RecordingServer(lambda path, headers: (200, {"Content-Type": "application/json"}, b'{"token": "tok"}'))
+    try:  # plain http is fine for a token service on this machine
+        assert client._authenticate(f'Bearer realm="http://127.0.0.1:{tokens.port}/token",service="reg"')
+        assert client.authorization == "Bearer tok"
+        assert tokens.seen[0][1]["Authorization"] == "Basic " + base64.b64encode(b"alice:pw").decode()
+    finally:
+        tokens.close()
+
+
+@pytest.mark.parametrize("auth", ["not base64!", base64.b64encode(b"no-colon").decode(), base64.b64encode(b"\xff\xfe:x").decode()])
+def test_auth_file_with_bad_auth_value_is_one_line_error(tmp_path: Path, auth: str) -> None:
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"auths": {"registry.example.com": {"auth": auth}}}))
+    with pytest.raises(UserError) as e:
+        oci_push.credentials_from_file(path, oci_push.Repository("registry.example.com", "kimi/k3"))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "base64 of USER:PASSWORD" in msg and "skopeo login" in msg
+    assert "\n" not in msg
+
+
+def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_start = oci_push.start_registry
+    started: list[oci_push.RegistryProcess] = []
+
+    def slow_start(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)  # widen the window between "no registry recorded" and recording one
+        reg = real_start(*args, **kwargs)
+        started.append(reg)
+        return reg
+
+    monkeypatch.setattr(oci_push, "start_registry", slow_start)
+    barrier = threading.Barrier(2)
+    results: list[object] = []
+
+    def push_side() -> None:
+        barrier.wait()
+        try:
+            results.append(oci_push.local_registry())
+        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+            results.append(e)
+
+    threads = [threading.Thread(target=push_side) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(started) == 1, f"{len(started)} registries started on one storage"
+        assert results == [started[0], started[0]]
+    finally:
+        for reg in started:
+            oci_push.stop_registry(reg)
+
+
+# ---------------------------------------------------------------- smoke test in a chroot
+
+def test_chroot_smoke_on_tiny_image(tmp_path: Path, host_rootfs: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the chroot smoke test needs root (CI runs tests as root)")
+    layout = build_tiny_image(tmp_path / "img", host_rootfs)
+    good = tmp_path / "gate.json"
+    sha = hashlib.sha256(b"PATCHED = 1\n").hexdigest()
+    good.write_text(json.dumps({"changed_files": [{"path": "tinysg/__init__.py", "sha256_after": sha},
+                                                  {"path": "tinysg/removed.py", "sha256_after": None}]}))
+    report = image_smoke.smoke(layout, tmp_path, ["tinyfi", "tinysg"], [good],
+                               [f"/{SITE}/tinyfi/data/aot", "/usr/bin/python3"], [f"/{SITE}/flashinfer_jit_cache"], [])
+    assert report.failures == [], report.failures
+    assert any(p.startswith(f"import tinysg: /{SITE}/tinysg/__init__.py") for p in report.passes)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"changed_files": [{"path": "tinysg/__init__.py", "sha256_after": "0" * 64}]}))
+    report = image_smoke.smoke(layout, tmp_path, ["tinysg", "not_in_image"], [bad], [], [f"/{SITE}/tinyfi"], [])
+    assert len(report.failures) == 3, report.failures  # wrong hash, forbidden path present, failed import
+    assert not list(tmp_path.glob("smoke.*")), "the unpacked rootfs is removed"
+
+
+def test_smoke_driver_stub_stands_in_for_libcuda(tmp_path: Path, host_rootfs: Path) -> None:
+    """mooncake.engine needs libcuda.so.1, which only GPU hosts have: without the stub the failure
+    says how to check anyway; with it the import passes and the report says a stand-in was used."""
+    # The tiny image's python has no ctypes: the module looks for the library the way the dynamic
+    # loader would (LD_LIBRARY_PATH); the real dlopen is what the image's own smoke run checks.
+    needs_driver = ("import os\n"
+                    "if not any(os.path.exists(os.path.join(d, 'libcuda.so.1'))\n"
+                    "           for d in os.environ.get('LD_LIBRARY_PATH', '').split(':') if d):\n"
+                    "    raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    layout = build_tiny_image(tmp_path / "img", host_rootfs, flashinfer_text=needs_driver)
+    report = image_smoke.smoke(layout, tmp_path, ["tinyfi"], [], [], [], [])
+    assert len(report.failures) == 1 and "--driver-stub" in report.failures[0], report.failures
+    report = image_smoke.smoke(layout, tmp_path, ["tinyfi"], [], [], [], [], driver_stub=True)
+    assert report.failures == [], report.failures
+    assert report.passes[-1].endswith("(with a stand-in libcuda.so.1 of 0 driver symbols)"), report.passes
+    assert image_smoke.with_library_path(["A=1", "LD_LIBRARY_PATH=/x"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s:/x"]
+    assert image_smoke.with_library_path(["A=1"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s"]
+
+
+def test_entrypoint_guard_runs_inside_the_image(tmp_path: Path, host_rootfs: Path) -> None:
+    layout = build_tiny_image(tmp_path / "img", host_rootfs)
+    root = image_smoke.unpack(layout, tmp_path / "bundle")
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    proc = subprocess.run([chroot, str(root), "/usr/local/bin/kimi-k3-entrypoint", "--disaggregation-mode", "decode"],
+                          capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert proc.returncode == 2 and "kvcache-ai/Mooncake#2511" in proc.stderr, proc.stderr
+    proc = subprocess.run([chroot, str(root), "/usr/local/bin/kimi-k3-entrypoint", "--model-path", "x"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert "No module named 'sglang'" in proc.stderr, "it execs python3 -m sglang.launch_server"
+
+
+def test_base_image_pulled_by_digest(tmp_path: Path, host_rootfs: Path, registry: oci_push.RegistryProcess) -> None:
+    payload = write_tree(tmp_path / "p", {"etc/os-release": "ID=tiny\n"})
+    desc, blob = build_layer(tmp_path / "layers", "os", tree=[f"/={payload}"])
+    base = tmp_path / "base-src"
+    assert oci_image.main(["--out", str(base), "--layer", str(desc), str(blob), "--env", "FROM_BASE=1"]) == 0
+    pushed = oci_push.push(base, oci_push.Repository(registry.host, "kimi-k3/base"), [])
+    pulled = tmp_path / "base"
+    assert rootfs.main(["pull", "--reference", pushed.reference, "--out", str(pulled)]) == 0
+    top_desc, top_blob = build_layer(tmp_path / "layers", "top", file=[f"/opt/top={ENTRYPOINT}"])
+    image = tmp_path / "image"
+    assert oci_image.main(["--out", str(image), "--base-layout", str(pulled), "--layer", str(top_desc), str(top_blob)]) == 0
+    manifest = manifest_of(image)
+    config = json.loads(oci_image.blob_path(image, manifest["config"]["digest"]).read_bytes())
+    assert config["config"]["Labels"]["org.kimi-k3.base-digest"] == pushed.manifest_digest
+    assert "FROM_BASE=1" in config["config"]["Env"]
+    assert [l["digest"] for l in manifest["layers"]] == [json.loads(desc.read_text())["digest"],
+                                                         json.loads(top_desc.read_text())["digest"]]
+    with pytest.raises(UserError, match="pin the base by digest"):
+        rootfs.main(["pull", "--reference", f"{registry.host}/kimi-k3/base:latest", "--out", str(pulled)])
+
+
+def test_smoke_paths_never_resolve_onto_the_host(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/python3").symlink_to("/etc/hostname")  # exists on the host, not in the image
+    (root / "up").symlink_to("../../../../etc")
+    assert not image_smoke.inside(root, "/usr/bin/python3").exists()
+    assert image_smoke.inside(root, "/up/passwd") == root / "etc/passwd"
+
+
+# ---------------------------------------------------------------- entrypoint guard
+
+def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    fake = fake_bin / "python3"
+    fake.write_text("#!/bin/sh\necho \"exec: $*\"\n")
+    fake.chmod(0o755)
+    return subprocess.run([sys.executable, str(ENTRYPOINT), *args], capture_output=True, text=True,
+                          env={"PATH": f"{fake_bin}:/usr/bin:/bin", **env})
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--disaggregation-mode", "prefill"], {}),
+    (["--disaggregation-mode=decode", "--disaggregation-transfer-backend", "mooncake"], {}),
+    (["--hicache-storage-backend", "mooncake"], {}),
+    ([], {"MOONCAKE_MASTER": "10.0.0.1:50051"}),
+])
+@pytest.mark.parametrize("alloc_var", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+def test_entrypoint_refuses_expandable_segments_with_mooncake(tmp_path: Path, args: list[str], env: dict[str, str],
+                                                              alloc_var: str) -> None:
+    proc = run_entrypoint(tmp_path, args, {alloc_var: "max_split_size_mb:512,expandable_segments:True", **env})
+    assert proc.returncode == 2
+    assert "kvcache-ai/Mooncake#2511" in proc.stderr and "0.3.12.post1" in proc.stderr
+    assert "exec:" not in proc.stdout
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--model-path", "m"], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),  # no Mooncake
+    (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"],
+     {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    (["--disaggregation-mode", "prefill"], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+])
+def test_entrypoint_execs_sglang_otherwise(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
+    proc = run_entrypoint(tmp_path, args, env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "exec: -m sglang.launch_server " + " ".join(args)
+
+
+# ---------------------------------------------------------------- SBOM
+
+def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
+    lock = tmp_path / "pins.lock.json"
+    lock.write_text(json.dumps({"schema_version": 1, "pins": {
+        "tiny-1.0": {"kind": "file", "package": {"name": "tiny", "version": "1.0"}, "filename": "tiny-1.0-py3-none-any.whl",
+                     "urls": ["https://files.pythonhosted.org/tiny-1.0-py3-none-any.whl"], "sha256": "a" * 64},
+        "tinysg-2.0": {"kind": "file", "package": {"name": "tinysg", "version": "2.0"}, "filename": "tinysg-2.0-py3-none-any.whl",
+                       "urls": ["https://files.pythonhosted.org/tinysg-2.0-py3-none-any.whl"], "sha256": "b" * 64}},
+        "stacks": {"tiny": {"description": "t", "sglang": "tinysg-2.0", "flashinfer": "tiny-1.0"}}}))
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({"series": "s.series", "target": {"pin": "tinysg-2.0"}, "patches": [
+        {"entry": "0001-fix.patch", "sha256": "c" * 64, "state": "applies"},
+        {"entry": "0002-old.patch", "sha256": "d" * 64, "state": "already upstream"}]}))
+    outs = []
+    for name in ("a.json", "b.json"):
+        argv = ["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate), "--out", str(tmp_path / name)]
+        assert sbom.main(argv) == 0
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1]
+    doc = json.loads(outs[0])
+    assert doc["spdxVersion"] == "SPDX-2.3" and doc["creationInfo"]["created"] == "2023-11-14T22:13:20Z"
+    pkgs = {p["name"]: p for p in doc["packages"]}
+    assert pkgs["tinysg"]["versionInfo"] == "2.0"
+    assert pkgs["tinysg"]["checksums"] == [{"algorithm": "SHA256", "checksumValue": "b" * 64}]
+    assert pkgs["tinysg"]["downloadLocation"].startswith("https://files.pythonhosted.org/")
+    assert "applies" in pkgs["0001-fix.patch"]["comment"] and "already upstream" in pkgs["0002-old.patch"]["comment"]
+    kinds = {r["spdxElementId"]: r["relationshipType"] for r in doc["relationships"]}
+    assert kinds[pkgs["0001-fix.patch"]["SPDXID"]] == "PATCH_APPLIED"
+    assert kinds[pkgs["0002-old.patch"]["SPDXID"]] == "OTHER"
+    # Patches by name and state only: their content hashes live in the gate manifests inside
+    # the FlashInfer/SGLang layers, so editing a patch must not change the SBOM layer too.
+    assert "checksums" not in pkgs["0001-fix.patch"] and "c" * 12 not in outs[0].decode()
+    gate_data = json.loads(gate.read_text())
+    gate_data["patches"][0]["sha256"] = "e" * 64
+    gate.write_text(json.dumps(gate_data))
+    argv = ["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate), "--out", str(tmp_path / "c.json")]
+    assert sbom.main(argv) == 0
+    assert (tmp_path / "c.json").read_bytes() == outs[0]
+    gate_data["patches"][1]["state"] = "applies"
+    gate.write_text(json.dumps(gate_data))
+    assert sbom.main([*argv[:-1], str(tmp_path / "d.json")]) == 0
+    assert (tmp_path / "d.json").read_bytes() != outs[0]
+    with pytest.raises(UserError, match="patch_gate"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{}")
+        sbom.read_gate_manifest(bad)
+
+
+
+# ---------------------------------------------------------------- tools/bazel launcher
+
+LAUNCHER = REPO_ROOT / "tools" / "bazel"
+# Inside the sealed root (where Bazel runs this test) / is not a mount point, so the launcher's
+# `unshare --propagation private` cannot work there; the launcher then runs chrooted into the host
+# root that it mounts at this path (every path the test uses is the same in both roots).
+HOST_ROOT = Path("/run/kimi-k3-host")
+LAUNCHER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def sealed_root_key() -> str:
+    """The launcher's sealed-root key, computed by the launcher's own lines (packages=... key=...)."""
+    m = re.search(r"^packages=\(.*?^key=[^\n]*$", LAUNCHER.read_text(), re.S | re.M)
+    assert m, "tools/bazel: packages=(...) / key=... lines not found"
+    return subprocess.run(["bash", "-c", m.group(0) + '\necho "$key"'], check=True, text=True,
+                          stdout=subprocess.PIPE).stdout.strip()
+
+
+def copy_with_libs(exe: str, root: Path, dest: str) -> None:
+    """exe (and the shared libraries ldd names) into root, so it runs chrooted there."""
+    (root / dest.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(os.path.realpath(exe), root / dest.lstrip("/"))
+    ldd = subprocess.run(["ldd", exe], check=True, text=True, stdout=subprocess.PIPE).stdout
+    for lib in re.findall(r"(/\S+) \(0x", ldd):
+        target = root / lib.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(lib), target)
+
+
+def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
+    """tools/bazel passes KIMI_K3_*/PIP_* values into the sealed root through the environment of
+    its nsenter/bash/chroot/env chain, never as arguments: /proc/PID/cmdline is world-readable.
+
+    Every command the launcher runs is found on PATH; each is a shim here that appends its argv
+    (what /proc/PID/cmdline shows for that process) to a log, then execs the real command. The
+    sealed root is a stand-in: /bin/sh, an argv-logging /usr/bin/env and a /usr/bin/bazel that
+    records its arguments and environment. The secrets must reach that bazel and appear in no argv.
+    """
+    password, pip_secret = "sentinel-pw-" + os.urandom(8).hex(), "sentinel-pip-" + os.urandom(8).hex()
+    cache, out_root, roots = tmp_path / "cache", tmp_path / "out", tmp_path / "roots"
+    cache.mkdir()
+    log, bazel_env, bazel_args = cache / "argv.log", cache / "bazel.env", cache / "bazel.args"
+    root = roots / sealed_root_key()
+    for d in ("etc/ssl/certs", "proc", "sys", "dev"):
+        (root / d).mkdir(parents=True)
+    (root / ".kimi-k3-complete").touch()
+    copy_with_libs("/bin/sh", root, "/bin/sh")
+    copy_with_libs(shutil.which("env") or "/usr/bin/env", root, "/usr/bin/env.real")
+    (root / "usr/bin/env").write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                      'exec /usr/bin/env.real "$@"\n')
+    (root / "usr/bin/bazel").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$PWD\" \"$@\" >{bazel_args}\n"
+                                        f"/usr/bin/env.real -0 >{bazel_env}\n")
+    for f in ("usr/bin/env", "usr/bin/bazel"):
+        (root / f).chmod(0o755)
+    # The interpreter's prefix is bind-mounted into the root: a stand-in whose prefix is a tmp dir.
+    fake_py = tmp_path / "py" / "bin" / "python3.11"
+    fake_py.parent.mkdir(parents=True)
+    fake_py.write_text(f"#!/bin/sh\necho {tmp_path / 'py'}\n")
+    fake_py.chmod(0o755)
+    # A bind mount of the same file system: os.path.ismount cannot tell, mountinfo can.
+    in_sealed_root = any(line.split()[4] == str(HOST_ROOT) for line in open("/proc/self/mountinfo"))
+    where = str(HOST_ROOT) if in_sealed_root else ""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for d in LAUNCHER_PATH.split(":"):
+        if not os.path.isdir(where + d):
+            continue
+        for name in os.listdir(where + d):
+            real = os.path.join(d, name)
+            # sleep: the namespace holder runs `exec -a NAME sleep`, and a shim would lose NAME.
+            if name == "sleep" or (shims / name).exists() or not os.access(where + real, os.X_OK) \
+                    or os.path.isdir(where + real):
+                continue
+            (shims / name).write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                      f'exec {real} "$@"\n')
+            (shims / name).chmod(0o755)
+    env = {"PATH": f"{shims}:{LAUNCHER_PATH}", "HOME": str(tmp_path / "home"), "UNLISTED_VAR": "dropped",
+           "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(roots),
+           "KIMI_K3_CACHE": str(cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
+           "KIMI_K3_PYTHON": str(fake_py), "KIMI_K3_REGISTRY_USERNAME": "alice",
+           "KIMI_K3_REGISTRY_PASSWORD": password, "PIP_INDEX_URL": f"https://bob:{pip_secret}@pypi.example/simple"}
+    holder_pid_file = roots / f"{root.name}.mntns.pid"
+    try:
+        command = [str(LAUNCHER), "info", "release"]
+        if in_sealed_root:
+            command = [shutil.which("chroot") or "/usr/sbin/chroot", str(HOST_ROOT), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(cache), *command]
+        proc = subprocess.run(command, cwd=cache, env=env, timeout=120,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        if holder_pid_file.is_file():  # the launcher's namespace holder for this stand-in root
+            os.kill(int(holder_pid_file.read_text()), signal.SIGKILL)
+    argv_log = log.read_text()
+    for command in ("nsenter", "bash", "/usr/bin/env"):  # the chain really went through the shims
+        assert f"{command} " in argv_log, argv_log
+    assert password not in argv_log and pip_secret not in argv_log, "a secret was on a command line"
+    assert bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}", "info", "release"]
+    got = dict(kv.split("=", 1) for kv in bazel_env.read_text().split("\0") if kv)
+    assert got.pop("KIMI_K3_REGISTRY_PASSWORD") == password
+    assert got.pop("PIP_INDEX_URL") == env["PIP_INDEX_URL"]
+    assert got == {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "LANG": "C.UTF-8", "TERM": "dumb", "PWD": str(cache), "OLDPWD": "/", "KIMI_K3_PYTHON": str(fake_py),
+                   "KIMI_K3_CACHE": str(cache), "KIMI_K3_FORCE_SEALED_ROOT": "1",
+                   "KIMI_K3_SEALED_ROOT_DIR": str(roots), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
+                   "KIMI_K3_REGISTRY_USERNAME": "alice"}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

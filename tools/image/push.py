@@ -1,0 +1,569 @@
+"""Push an OCI image layout by digest, verify it, then tag it.
+
+Usage:
+    python3 -m tools.image.push --layout DIR [--repository HOST[:PORT]/PATH] [--tag T]... [--authfile F]
+    python3 -m tools.image.push --stop-local-registry
+
+Steps, each a guarantee:
+1. Blob existence is probed with the registry API (HEAD /v2/<repo>/blobs/<digest>) to report how
+   many bytes must be uploaded; skopeo skips those same blobs.
+2. `skopeo copy --preserve-digests oci:DIR docker://REPO@sha256:M` pushes blobs and the manifest
+   by digest only (no tag yet). --preserve-digests makes skopeo fail rather than re-encode.
+3. `skopeo inspect --raw` reads the manifest back; its sha256 must equal M.
+4. Only then each tag is written (skopeo copy REPO@M -> REPO:T) and read back the same way.
+A push that dies in step 2 leaves blobs but no tag; rerunning uploads only what is missing.
+
+Credentials: --authfile, else $KIMI_K3_REGISTRY_USERNAME/$KIMI_K3_REGISTRY_PASSWORD (written to a
+0600 temp auth file, never on a command line), else skopeo's usual lookup ($REGISTRY_AUTH_FILE,
+$XDG_RUNTIME_DIR/containers/auth.json, ~/.docker/config.json). Credentials are never printed.
+TLS is verified except for loopback registries (127.0.0.1, localhost, ::1). The API probes send
+Authorization only within the registry's scheme+host+port (a redirect to blob storage on another
+host drops it), and Basic credentials go to a Bearer token realm only over https (or loopback).
+
+No --repository: a local registry (Debian's docker-registry) on 127.0.0.1 with storage under
+${KIMI_K3_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kimi-k3-build}/registry is reused or started, and
+left running so the image can be pulled afterwards; `--stop-local-registry` stops it. Starting
+and stopping hold a lock beside the storage (registry/registry.lock), so concurrent pushes share
+one registry.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.common.errors import UserError, run_cli
+from tools.image.layout import blob_path, read_index_manifest, sha256_digest
+from tools.image.layer import write_bytes_atomic
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+USER_ENV, PASSWORD_ENV = "KIMI_K3_REGISTRY_USERNAME", "KIMI_K3_REGISTRY_PASSWORD"
+_REPO_RE = re.compile(r"^(?P<host>[A-Za-z0-9.-]+(?::\d+)?|\[[0-9a-f:]+\](?::\d+)?)/(?P<path>[a-z0-9]+(?:[._/-][a-z0-9]+)*)$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+# ---------------------------------------------------------------- repository and credentials
+
+@dataclass(frozen=True)
+class Repository:
+    host: str  # host[:port] as written in references
+    path: str
+
+    @property
+    def hostname(self) -> str:
+        return self.host.rsplit(":", 1)[0] if not self.host.startswith("[") else self.host.split("]")[0] + "]"
+
+    @property
+    def loopback(self) -> bool:
+        return self.hostname in LOOPBACK_HOSTS
+
+    @property
+    def api(self) -> str:
+        return f"{'http' if self.loopback else 'https'}://{self.host}/v2/{self.path}"
+
+    def ref(self, suffix: str) -> str:
+        return f"docker://{self.host}/{self.path}{suffix}"
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.path}"
+
+
+def parse_repository(raw: str) -> Repository:
+    m = _REPO_RE.match(raw)
+    if not m:
+        raise UserError(f"--repository {raw!r}: expected HOST[:PORT]/PATH in lower case, "
+                        "e.g. registry.example.com/kimi/k3 or 127.0.0.1:5000/kimi-k3")
+    return Repository(m.group("host"), m.group("path"))
+
+
+def _auth_file_candidates() -> list[Path]:
+    """The files containers/image reads, in its order."""
+    paths = []
+    if os.environ.get("REGISTRY_AUTH_FILE"):
+        paths.append(Path(os.environ["REGISTRY_AUTH_FILE"]))
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        paths.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
+    home = Path(os.path.expanduser("~"))
+    paths += [home / ".config" / "containers" / "auth.json", home / ".docker" / "config.json"]
+    return paths
+
+
+def credentials_from_file(path: Path, repo: Repository) -> tuple[str, str] | None:
+    """(user, password) for repo from a docker/containers auth file (longest matching key)."""
+    try:
+        auths = json.loads(path.read_text()).get("auths", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise UserError(f"{path}: unreadable auth file ({type(e).__name__}); fix or remove it") from None
+    full = f"{repo.host}/{repo.path}"
+    keys = [k for k in auths if full == k.split("://")[-1].rstrip("/")
+            or full.startswith(k.split("://")[-1].rstrip("/") + "/")]
+    for key in sorted(keys, key=len, reverse=True):
+        encoded = auths[key].get("auth") if isinstance(auths[key], dict) else None
+        if encoded:
+            try:
+                user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+            except (binascii.Error, ValueError, TypeError):
+                sep = ""
+            if not sep:
+                raise UserError(f"{path}: auths[{key!r}].auth is not base64 of USER:PASSWORD; fix the entry "
+                                f"(skopeo login {repo.host} rewrites it) or remove it")
+            return user, password
+    return None
+
+
+@dataclass
+class Credentials:
+    """Where skopeo finds credentials (an auth file path or None = its own lookup) and the
+    (user, password) this tool uses for its read-only API probes, if it could find them."""
+
+    authfile: Path | None
+    basic: tuple[str, str] | None
+    origin: str
+
+
+def resolve_credentials(repo: Repository, authfile: Path | None, tmpdir: Path) -> Credentials:
+    if authfile is not None:
+        if not authfile.is_file():
+            raise UserError(f"--authfile {authfile}: no such file; pass a docker/containers auth.json")
+        return Credentials(authfile, credentials_from_file(authfile, repo), f"--authfile {authfile}")
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user or password:
+        if not (user and password):
+            raise UserError(f"${USER_ENV}/${PASSWORD_ENV}: set both or neither")
+        path = tmpdir / "auth.json"
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"auths": {repo.host: {"auth": token}}}, f)
+        return Credentials(path, (user, password), f"${USER_ENV}/${PASSWORD_ENV}")
+    for path in _auth_file_candidates():
+        if path.is_file():
+            basic = credentials_from_file(path, repo)
+            if basic:
+                return Credentials(None, basic, str(path))
+    return Credentials(None, None, "no credentials found")
+
+
+# ---------------------------------------------------------------- registry API probes
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+class _SameOriginAuthRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects keep the Authorization header only within one scheme+host+port: registries send
+    blob reads to storage or a CDN on another host, which must never see the credentials."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in [k for k in new.headers if k.lower() == "authorization"]:
+                del new.headers[name]
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SameOriginAuthRedirect)
+
+
+def _urlopen(req: urllib.request.Request | str, timeout: float = 30):  # type: ignore[no-untyped-def]
+    return _OPENER.open(req, timeout=timeout)
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host in LOOPBACK_HOSTS or f"[{host}]" in LOOPBACK_HOSTS
+
+
+class RegistryClient:
+    """Just enough of the distribution API to ask 'is this blob there?' (Basic and Bearer auth)."""
+
+    def __init__(self, repo: Repository, creds: Credentials) -> None:
+        self.repo = repo
+        self.creds = creds
+        self.authorization: str | None = None
+
+    def _open(self, method: str, url: str) -> int:
+        req = urllib.request.Request(url, method=method)
+        if self.authorization:
+            req.add_header("Authorization", self.authorization)
+        try:
+            with _urlopen(req) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and self.authorization is None and self._authenticate(e.headers.get("WWW-Authenticate", "")):
+                return self._open(method, url)
+            return int(e.code)
+
+    def _authenticate(self, challenge: str) -> bool:
+        if self.creds.basic is None and not challenge.lower().startswith("bearer"):
+            return False
+        scheme, _, params_text = challenge.partition(" ")
+        if scheme.lower() == "basic" and self.creds.basic:
+            user, password = self.creds.basic
+            self.authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+            return True
+        if scheme.lower() == "bearer":
+            params = dict(re.findall(r'(\w+)="([^"]*)"', params_text))
+            realm = params.get("realm")
+            if not realm:
+                raise UserError(f"{self.repo}: the registry's Bearer challenge names no realm ({challenge!r}); "
+                                "fix the registry's token auth setting (realm) or push to another registry")
+            # The token request carries the Basic credentials and returns a push token: never
+            # over plain http, except to a token service on this machine.
+            if urllib.parse.urlsplit(realm).scheme.lower() != "https" and not _is_loopback_url(realm):
+                raise UserError(f"{self.repo}: the registry's token realm {realm} is not https; refusing to send "
+                                "credentials there; configure an https realm (plain http only on loopback)")
+            query = {"service": params.get("service", ""), "scope": f"repository:{self.repo.path}:pull,push"}
+            req = urllib.request.Request(realm + "?" + urllib.parse.urlencode(query))
+            if self.creds.basic:
+                user, password = self.creds.basic
+                req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+            try:
+                with _urlopen(req) as resp:
+                    body = json.loads(resp.read())
+            except (urllib.error.URLError, ValueError):
+                return False
+            token = body.get("token") or body.get("access_token")
+            if token:
+                self.authorization = f"Bearer {token}"
+                return True
+        return False
+
+    def blob_exists(self, digest: str) -> bool | None:
+        """True/False, or None when the registry would not say (auth it cannot do)."""
+        status = self._open("HEAD", f"{self.repo.api}/blobs/{digest}")
+        if status == 200:
+            return True
+        if status == 404:
+            return False
+        if status == 401 and self.creds.basic is not None:
+            raise UserError(f"{self.repo}: the registry rejected the credentials from {self.creds.origin}; "
+                            "fix them (skopeo login, REGISTRY_AUTH_FILE or "
+                            f"${USER_ENV}/${PASSWORD_ENV})")
+        return None
+
+
+def tags(repo: Repository, creds: Credentials) -> list[str]:
+    """The repository's tags ([] if it has none yet)."""
+    client = RegistryClient(repo, creds)
+    req_url = f"{repo.api}/tags/list"
+    status = client._open("GET", req_url)
+    if status != 200:
+        return []
+    req = urllib.request.Request(req_url)
+    if client.authorization:
+        req.add_header("Authorization", client.authorization)
+    with _urlopen(req) as resp:
+        return list(json.loads(resp.read()).get("tags") or [])
+
+
+# ---------------------------------------------------------------- skopeo
+
+def _skopeo() -> str:
+    path = shutil.which("skopeo")
+    if path is None:
+        raise UserError("skopeo: not on PATH; install it (apt-get install -y skopeo)")
+    return path
+
+
+def run_skopeo(args: Sequence[str], repo: Repository, creds: Credentials, what: str) -> bytes:
+    """Run skopeo; a failure becomes a UserError naming what failed and how to recover."""
+    proc = subprocess.run([_skopeo(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if proc.returncode == 0:
+        return proc.stdout
+    err = proc.stderr.decode(errors="replace").strip().splitlines()
+    last = err[-1] if err else f"exit {proc.returncode}"
+    last = re.sub(r'^time="[^"]*" level=\w+ msg="(.*)"$', r"\1", last)
+    if "unauthorized" in last or "authentication required" in last or "denied" in last:
+        raise UserError(f"{repo}: {what} was refused by the registry (credentials from {creds.origin}): "
+                        f"{last}; fix the credentials (skopeo login, REGISTRY_AUTH_FILE or "
+                        f"${USER_ENV}/${PASSWORD_ENV})")
+    raise UserError(f"{repo}: {what} failed: {last}; no tag was written; rerun the push "
+                    "(blobs already uploaded are skipped)")
+
+
+def tls_args(repo: Repository, flag: str) -> list[str]:
+    # Only loopback registries may skip TLS verification; everything else is verified.
+    return [f"--{flag}=false"] if repo.loopback else [f"--{flag}=true"]
+
+
+def auth_args(creds: Credentials, flag: str) -> list[str]:
+    return [f"--{flag}", str(creds.authfile)] if creds.authfile else []
+
+
+def remote_manifest_digest(repo: Repository, suffix: str, creds: Credentials) -> str:
+    raw = run_skopeo(["inspect", "--raw", *tls_args(repo, "tls-verify"), *auth_args(creds, "authfile"),
+                      repo.ref(suffix)], repo, creds, f"reading back {suffix}")
+    return sha256_digest(raw)
+
+
+# ---------------------------------------------------------------- local registry
+
+def cache_root() -> Path:
+    if os.environ.get("KIMI_K3_CACHE"):
+        return Path(os.environ["KIMI_K3_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "kimi-k3-build"
+
+
+@dataclass(frozen=True)
+class RegistryProcess:
+    pid: int
+    port: int
+    root: Path
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def registry_ready(port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            return True
+        except urllib.error.HTTPError:
+            return True  # 401 from an auth-enabled registry still means it is serving
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def start_registry(root: Path, port: int | None = None, htpasswd: Path | None = None) -> RegistryProcess:
+    """Start Debian's docker-registry serving `root`/data on 127.0.0.1 (config in `root`)."""
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        raise UserError("docker-registry: not on PATH; install it (apt-get install -y docker-registry)")
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    auth = (f"auth:\n  htpasswd:\n    realm: kimi-k3\n    path: {htpasswd}\n" if htpasswd else "")
+    config = (f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+              f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}")
+    (root / "config.yml").write_text(config)
+    log = open(root / "registry.log", "ab")
+    proc = subprocess.Popen([exe, "serve", str(root / "config.yml")], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    if not registry_ready(port, 10):
+        proc.kill()
+        raise UserError(f"docker-registry on 127.0.0.1:{port} did not start; see {root / 'registry.log'}")
+    return RegistryProcess(proc.pid, port, root)
+
+
+def stop_registry(reg: RegistryProcess) -> None:
+    """Stop a registry this process started (and reap it, so no zombie is left)."""
+    try:
+        os.kill(reg.pid, signal.SIGTERM)
+        os.waitpid(reg.pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie or a reused pid is not our registry
+        return "docker-registry" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+@contextmanager
+def _registry_lock(root: Path) -> Iterator[None]:
+    """Exclusive lock beside the storage: the check-start-record sequence of one push (or a stop)
+    runs alone, so concurrent pushes share one registry instead of each starting their own on
+    the same storage and rewriting its config."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "registry.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _recorded_registry(root: Path) -> tuple[int, int] | None:
+    try:
+        info = json.loads((root / "state.json").read_text())
+        return int(info["pid"]), int(info["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def local_registry() -> RegistryProcess:
+    """The user's cached local registry: reused when its recorded pid still serves, else started."""
+    root = cache_root() / "registry"
+    with _registry_lock(root):
+        recorded = _recorded_registry(root)
+        if recorded and _pid_alive(recorded[0]) and registry_ready(recorded[1], 1):
+            return RegistryProcess(recorded[0], recorded[1], root)
+        reg = start_registry(root)
+        write_bytes_atomic(root / "state.json", json.dumps({"pid": reg.pid, "port": reg.port}).encode() + b"\n")
+    print(f"started local registry {reg.host} (pid {reg.pid}, storage {root / 'data'}); it keeps running; "
+          f"stop it with: python3 -m tools.image.push --stop-local-registry", file=sys.stderr)
+    return reg
+
+
+def stop_local_registry() -> int:
+    root = cache_root() / "registry"
+    if not (root / "state.json").is_file():
+        print("no local registry recorded", file=sys.stderr)
+        return 0
+    with _registry_lock(root):
+        recorded = _recorded_registry(root)
+        if recorded and _pid_alive(recorded[0]):
+            os.kill(recorded[0], signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _pid_alive(recorded[0]):
+                if time.monotonic() > deadline:
+                    raise UserError(f"local registry pid {recorded[0]} did not stop within 10 s of SIGTERM; "
+                                    f"stop it with: kill -9 {recorded[0]}")
+                time.sleep(0.05)
+            print(f"stopped local registry pid {recorded[0]}", file=sys.stderr)
+        (root / "state.json").unlink(missing_ok=True)
+    return 0
+
+
+# ---------------------------------------------------------------- push
+
+@dataclass(frozen=True)
+class PushResult:
+    reference: str
+    manifest_digest: str
+    config_digest: str
+    index_digest: str
+    blobs_total: int
+    blobs_uploaded: int | None
+    bytes_uploaded: int | None
+    tags: tuple[str, ...]
+
+
+def layout_blobs(layout: Path) -> tuple[str, str, str, list[tuple[str, int]]]:
+    """(manifest digest, config digest, index digest, [(blob digest, size)]) of a layout."""
+    desc, manifest_bytes = read_index_manifest(layout)
+    manifest = json.loads(manifest_bytes)
+    blobs = [(manifest["config"]["digest"], int(manifest["config"]["size"]))]
+    blobs += [(l["digest"], int(l["size"])) for l in manifest["layers"]]
+    for digest, size in blobs:
+        path = blob_path(layout, digest)
+        if not path.is_file() or path.stat().st_size != size:
+            raise UserError(f"{layout}: blob {digest} missing or wrong size; rebuild the layout")
+    index_digest = sha256_digest((layout / "index.json").read_bytes())
+    return desc["digest"], manifest["config"]["digest"], index_digest, blobs
+
+
+def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None) -> PushResult:
+    for t in tag_names:
+        if not _TAG_RE.match(t):
+            raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
+    manifest_digest, config_digest, index_digest, blobs = layout_blobs(layout)
+    with tempfile.TemporaryDirectory(prefix="kimi-k3-push.") as tmp:
+        creds = resolve_credentials(repo, authfile, Path(tmp))
+        client = RegistryClient(repo, creds)
+        try:
+            present = [client.blob_exists(d) for d, _ in blobs]
+        except (urllib.error.URLError, OSError) as e:
+            raise UserError(f"{repo}: registry unreachable ({e}); start it or fix --repository") from e
+        known = None not in present
+        missing = [(d, s) for (d, s), p in zip(blobs, present) if p is False]
+        bytes_up = sum(s for _, s in missing) if known else None
+        print(f"[oci_push] {repo}: {len(missing) if known else '?'} of {len(blobs)} blobs to upload"
+              f" ({bytes_up if known else '?'} bytes)", file=sys.stderr)
+        started = time.monotonic()
+        run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "dest-tls-verify"),
+                    *auth_args(creds, "dest-authfile"), f"oci:{layout}", repo.ref("@" + manifest_digest)],
+                   repo, creds, "pushing the manifest by digest")
+        print(f"[oci_push] uploaded in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        remote = remote_manifest_digest(repo, "@" + manifest_digest, creds)
+        if remote != manifest_digest:
+            raise UserError(f"{repo}: registry returned manifest {remote}, expected {manifest_digest}; "
+                            "no tag written; the registry rewrote the manifest")
+        for t in tag_names:
+            run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "src-tls-verify"),
+                        *tls_args(repo, "dest-tls-verify"), *auth_args(creds, "src-authfile"),
+                        *auth_args(creds, "dest-authfile"), repo.ref("@" + manifest_digest), repo.ref(":" + t)],
+                       repo, creds, f"tagging {t}")
+            if remote_manifest_digest(repo, ":" + t, creds) != manifest_digest:
+                raise UserError(f"{repo}:{t}: tag does not point at {manifest_digest} after tagging; "
+                                "someone else pushed the tag concurrently; rerun")
+    return PushResult(reference=f"{repo}@{manifest_digest}", manifest_digest=manifest_digest,
+                      config_digest=config_digest, index_digest=index_digest, blobs_total=len(blobs),
+                      blobs_uploaded=len(missing) if known else None, bytes_uploaded=bytes_up,
+                      tags=tuple(tag_names))
+
+
+def print_result(r: PushResult) -> None:
+    print(f"manifest digest: {r.manifest_digest}")
+    print(f"config digest:   {r.config_digest}")
+    print(f"index digest:    {r.index_digest}")
+    print(f"pushed:          {r.reference}")
+    print(f"uploaded:        {r.blobs_uploaded if r.blobs_uploaded is not None else '?'} of {r.blobs_total} blobs, "
+          f"{r.bytes_uploaded if r.bytes_uploaded is not None else '?'} bytes")
+    repo = r.reference.split("@")[0]
+    for t in r.tags:
+        print(f"tagged:          {repo}:{t}")
+
+
+def default_repository_path(layout: Path) -> str:
+    try:
+        desc, manifest_bytes = read_index_manifest(layout)
+        config_digest = json.loads(manifest_bytes)["config"]["digest"]
+        labels = json.loads(blob_path(layout, config_digest).read_bytes()).get("config", {}).get("Labels") or {}
+        stack = labels.get("org.kimi-k3.stack", "image")
+    except (OSError, ValueError, KeyError):
+        stack = "image"
+    return f"kimi-k3/{re.sub(r'[^a-z0-9._-]', '-', stack.lower())}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layout", type=Path, help="OCI image layout from tools/image/layout.py")
+    p.add_argument("--repository", help="HOST[:PORT]/PATH; default: a local registry on 127.0.0.1")
+    p.add_argument("--tag", action="append", default=[], help="tags to apply after the digest is verified")
+    p.add_argument("--authfile", type=Path, help="docker/containers auth file")
+    p.add_argument("--stop-local-registry", action="store_true", help="stop the registry this tool started")
+    args = p.parse_args(argv)
+    if args.stop_local_registry:
+        return stop_local_registry()
+    if args.layout is None:
+        raise UserError("--layout: required; pass the OCI layout directory to push")
+    if args.repository:
+        repo = parse_repository(args.repository)
+    else:
+        reg = local_registry()
+        repo = Repository(reg.host, default_repository_path(args.layout))
+    print_result(push(args.layout, repo, args.tag, args.authfile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,151 @@
+"""SPDX 2.3 JSON SBOM of one image: every pin of its stack and every patch with its gate state.
+
+Usage:
+    python3 -m tools.image.sbom --lock third_party/pins.lock.json --stack default \
+        [--gate-manifest flashinfer/manifest.json]... --out sbom.spdx.json
+
+The SBOM is shipped in the image at /usr/share/kimi-k3/sbom.spdx.json (its own small top
+layer) and its sha256 is the image label org.kimi-k3.sbom-sha256 (tools/image/layout.py --sbom).
+Output is canonical JSON with `created` from SOURCE_DATE_EPOCH and a documentNamespace derived
+from the content, so the same pins and patches give the same bytes.
+
+Patches are listed by series entry name and gate state only, never by content hash: the
+content hashes live in the gate manifests shipped inside the FlashInfer and SGLang layers
+(/usr/share/kimi-k3/patch-gate/). So a one-line change to one SGLang patch changes exactly one
+layer (SGLang's) and the config, not this SBOM's layer as well.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.pins import lock as lockfile
+from tools.common.errors import UserError, run_cli
+from tools.image.layout import rfc3339
+from tools.image.layer import canonical_json, source_date_epoch, write_bytes_atomic
+
+IMAGE_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
+# Where image/BUILD.bazel puts the patch gate manifests (inside the FlashInfer/SGLang layers).
+GATE_MANIFEST_DIR = "/usr/share/kimi-k3/patch-gate"
+NOASSERTION = "NOASSERTION"
+
+
+def spdx_id(kind: str, name: str) -> str:
+    """SPDXRef ids allow letters, digits, '.' and '-' only."""
+    return f"SPDXRef-{kind}-" + re.sub(r"[^A-Za-z0-9.-]", "-", name)
+
+
+def pin_package(pin: Any) -> dict[str, Any]:
+    """One SPDX package for a lock pin (file, git_diff or git_tree)."""
+    pkg: dict[str, Any] = {"SPDXID": spdx_id("Pin", pin.name), "name": pin.name, "filesAnalyzed": False,
+                           "licenseConcluded": NOASSERTION, "licenseDeclared": NOASSERTION,
+                           "copyrightText": NOASSERTION}
+    if pin.kind == "file":
+        pkg["downloadLocation"] = pin.urls[0] if pin.urls else NOASSERTION
+        pkg["packageFileName"] = pin.filename
+        pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": pin.sha256}]
+        if pin.package:
+            pkg["name"] = pin.package.name
+            pkg["versionInfo"] = pin.package.version
+            pkg["externalRefs"] = [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                                    "referenceLocator": f"pkg:pypi/{pin.package.name.lower()}@{pin.package.version}"}]
+    elif pin.kind == "git_diff":
+        pkg["downloadLocation"] = f"git+{pin.repository}@{pin.commit}"
+        pkg["versionInfo"] = pin.commit
+        pkg["packageFileName"] = pin.filename
+        pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": pin.sha256}]
+        pkg["comment"] = f"diff {pin.parent}..{pin.commit} (trees {pin.parent_tree}..{pin.commit_tree})"
+    else:
+        pkg["downloadLocation"] = f"git+{pin.repository}@{pin.commit}"
+        pkg["versionInfo"] = pin.commit
+        pkg["comment"] = f"git tree {pin.tree}"
+    return pkg
+
+
+def read_gate_manifest(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        for p in data["patches"]:
+            _ = (p["entry"], p["sha256"], p["state"])
+        _ = data["target"]["pin"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--gate-manifest {path}: not a tools/patch_gate manifest ({type(e).__name__}: {e}); "
+                        "pass the gate's manifest.json") from e
+    return data
+
+
+def patch_packages(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(packages, relationships) for the patches of one gate run against its target pin.
+
+    Name and state only (see the module docstring): no checksum, no content-derived version.
+    """
+    target = spdx_id("Pin", manifest["target"]["pin"])
+    series = manifest.get("series", "?")
+    packages, relationships = [], []
+    for p in manifest["patches"]:
+        ident = spdx_id("Patch", f"{manifest['target']['pin']}-{p['entry']}")
+        packages.append({"SPDXID": ident, "name": p["entry"], "versionInfo": NOASSERTION,
+                         "downloadLocation": NOASSERTION, "filesAnalyzed": False,
+                         "licenseConcluded": NOASSERTION, "licenseDeclared": NOASSERTION,
+                         "copyrightText": NOASSERTION,
+                         "comment": f"patch gate state: {p['state']} (series {series}; content hashes "
+                                    f"in the gate manifest under {GATE_MANIFEST_DIR})"})
+        # PATCH_APPLIED only for patches whose hunks went in; 'already upstream' changed nothing.
+        kind = "PATCH_APPLIED" if p["state"] == "applies" else "OTHER"
+        rel: dict[str, Any] = {"spdxElementId": ident, "relationshipType": kind, "relatedSpdxElement": target}
+        if kind == "OTHER":
+            rel["comment"] = f"not applied: {p['state']}"
+        relationships.append(rel)
+    return packages, relationships
+
+
+def build_sbom(lock: lockfile.Lock, stack_name: str, manifests: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any]:
+    stack = lock.stack(stack_name)
+    pin_names = list(dict.fromkeys([*stack.pin_names(), *(m["target"]["pin"] for m in manifests)]))
+    packages = [pin_package(lock.pin(n)) for n in pin_names]
+    relationships = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
+                      "relatedSpdxElement": p["SPDXID"]} for p in packages]
+    for m in manifests:
+        pkgs, rels = patch_packages(m)
+        packages += pkgs
+        relationships += rels
+    doc: dict[str, Any] = {
+        "spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
+        "name": f"kimi-k3-{stack_name}",
+        "creationInfo": {"created": rfc3339(epoch), "creators": ["Tool: kimi-k3-build tools/image/sbom.py"]},
+        "packages": packages, "relationships": relationships,
+    }
+    # The namespace must be unique per document: derive it from the content, not from time or uuid.
+    content = hashlib.sha256(canonical_json(doc)).hexdigest()
+    doc["documentNamespace"] = f"https://kimi-k3.invalid/spdx/{stack_name}-{content}"
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK)
+    p.add_argument("--stack", required=True)
+    p.add_argument("--gate-manifest", action="append", default=[], type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--source-date-epoch", default=None)
+    args = p.parse_args(argv)
+    epoch = source_date_epoch(args.source_date_epoch)
+    lock = lockfile.load(args.lock)
+    doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch)
+    data = canonical_json(doc) + b"\n"
+    write_bytes_atomic(args.out, data)
+    print(f"sbom: {args.out} sha256:{hashlib.sha256(data).hexdigest()} "
+          f"({len(doc['packages'])} packages)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

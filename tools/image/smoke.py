@@ -1,0 +1,323 @@
+"""Smoke-test an OCI image layout without a container runtime.
+
+Usage:
+    python3 -m tools.image.smoke --layout DIR [--profile kimi-k3] [--import MOD]... \
+        [--manifest GATE_MANIFEST.json]... [--require IMAGE_PATH]... [--forbid IMAGE_PATH]... \
+        [--env K=V]... [--workdir DIR] [--keep-rootfs] [--driver-stub]
+
+1. `umoci unpack` applies the layers (whiteouts, links, owners) into a rootfs, as a runtime would.
+2. Every file a patch gate manifest lists (changed_files[].path relative to site-packages,
+   sha256_after; `files` also accepted)
+   must have that hash in the rootfs: the image ships the patched bytes, not upstream's.
+3. --require / --forbid paths must exist / be absent (e.g. the SM120 kernel cache must exist;
+   an official flashinfer_jit_cache must not, since FlashInfer would load its unpatched kernels).
+4. In a chroot of the rootfs (own mount namespace, /proc mounted), `/usr/bin/python3` imports
+   each module with only the image's environment plus --env.
+
+--profile kimi-k3 = imports flashinfer, sglang, mooncake.engine; FLASHINFER_DISABLE_JIT=1; requires
+flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache. Needs root (chroot).
+
+--driver-stub: on hosts without the NVIDIA driver (build machines), mooncake.engine cannot load
+libcuda.so.1, which the container runtime injects on GPU hosts. This builds a stand-in
+libcuda.so.1 defining the driver symbols (cu*) that the image's libraries needing it import
+(they fail with CUDA_ERROR_NO_DEVICE) and puts it on LD_LIBRARY_PATH in the unpacked copy only,
+never in the image, so the imports are checked anyway; the report says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
+from tools.image.layout import blob_path, read_index_manifest
+from tools.image.layer import SITE_PACKAGES
+
+PROFILES: dict[str, dict[str, list[str]]] = {
+    "kimi-k3": {
+        "imports": ["flashinfer", "sglang", "mooncake.engine"],
+        "env": ["FLASHINFER_DISABLE_JIT=1"],
+        "require": [f"/{SITE_PACKAGES}/flashinfer/data/aot"],
+        "forbid": [f"/{SITE_PACKAGES}/flashinfer_jit_cache"],
+    },
+}
+
+# Runs inside the chroot with the image's python3; builtins and sys only, so a tiny test image
+# needs no more stdlib than what it tests. One line per module: MARK, name, ok, detail.
+_MARK = "kimi-k3-smoke"
+_IMPORT_SCRIPT = r"""
+import sys
+for name in sys.argv[1:]:
+    try:
+        __import__(name)
+        ok, detail = "1", str(getattr(sys.modules[name], "__file__", None))
+    except BaseException as e:
+        ok, detail = "0", type(e).__name__ + ": " + str(e).replace("\n", " ")
+    print("kimi-k3-smoke", name, ok, detail, sep="\t", flush=True)
+"""
+
+
+@dataclass
+class SmokeReport:
+    failures: list[str] = field(default_factory=list)
+    passes: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, what: str) -> None:
+        (self.passes if ok else self.failures).append(what)
+
+
+def ref_name(layout: Path) -> str:
+    index = json.loads((layout / "index.json").read_text())
+    name = index["manifests"][0].get("annotations", {}).get("org.opencontainers.image.ref.name")
+    if not name:
+        raise UserError(f"{layout}/index.json: no org.opencontainers.image.ref.name; build it with tools/image/layout.py")
+    return str(name)
+
+
+def image_env(layout: Path) -> list[str]:
+    _, manifest_bytes = read_index_manifest(layout)
+    config = json.loads(blob_path(layout, json.loads(manifest_bytes)["config"]["digest"]).read_bytes())
+    return list(config.get("config", {}).get("Env") or [])
+
+
+def unpack(layout: Path, bundle: Path) -> Path:
+    """Apply the layers with umoci (well-kept, handles whiteouts and symlink-safe extraction)."""
+    if shutil.which("umoci") is None:
+        raise UserError("umoci: not on PATH; install it (apt-get install -y umoci)")
+    proc = subprocess.run(["umoci", "unpack", "--image", f"{layout}:{ref_name(layout)}", str(bundle)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"--layout {layout}: umoci unpack failed: {proc.stdout.strip().splitlines()[-1:]}; "
+                        "rebuild the layout")
+    return bundle / "rootfs"
+
+
+def inside(rootfs: Path, image_path: str, _hops: int = 0) -> Path:
+    """Host path of an image path, following symlinks as the chroot would (never onto the host).
+
+    Absolute link targets are re-rooted at `rootfs` and '..' stops at the rootfs root, so an
+    image symlink like /usr/bin/python3 -> /opt/py/bin/python3 is judged by the image's content.
+    """
+    resolved: list[str] = []
+    pending = [p for p in PurePosixPath(image_path).parts if p != "/"]
+    hops = _hops
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = rootfs.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise UserError(f"{image_path!r}: too many symlinks in the image; fix the link loop")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            pending = [p for p in PurePosixPath(target).parts if p != "/"] + pending
+            continue
+        resolved.append(part)
+    return rootfs.joinpath(*resolved)
+
+
+
+
+def check_manifest(rootfs: Path, manifest_path: Path, report: SmokeReport) -> None:
+    """Patched files must carry the gate's sha256_after (null = the patch deleted the file)."""
+    try:
+        data = json.loads(manifest_path.read_text())
+        # tools/patch_gate writes `changed_files`; `files` is accepted for hand-made manifests.
+        files = data["changed_files"] if "changed_files" in data else data["files"]
+        entries = [(str(f["path"]), f.get("sha256_after")) for f in files]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--manifest {manifest_path}: not a patch gate manifest with changed_files[].path/sha256_after "
+                        f"({e}); pass the gate's manifest.json") from e
+    for rel, expected in entries:
+        host = inside(rootfs, f"/{SITE_PACKAGES}/{rel}")
+        if expected is None:
+            report.check(not host.exists() and not host.is_symlink(), f"{rel} deleted by the patch")
+            continue
+        actual = sha256_file(host) if host.is_file() and not host.is_symlink() else "missing"
+        report.check(actual == expected, f"{rel} sha256 {actual[:12]} == gate {str(expected)[:12]}")
+
+
+DRIVER_STUB_DIR = "/tmp/kimi-k3-driver-stub"
+# Driver API names (cuInit, cuMemCreate, ...); the runtime's cuda* names come from libcudart.
+_DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")
+
+
+def driver_symbols(rootfs: Path) -> list[str]:
+    """Driver API symbols that the image's site-packages ELF files needing libcuda.so.1 import
+    (Python loads extensions with RTLD_NOW, so an empty library is not enough)."""
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if not (readelf and nm):
+        raise UserError("--driver-stub: needs readelf and nm on PATH; install binutils")
+    symbols: set[str] = set()
+    for so in sorted(inside(rootfs, "/" + SITE_PACKAGES).rglob("*.so*")):
+        if so.is_symlink() or not so.is_file():
+            continue
+        dynamic = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True).stdout
+        if "[libcuda.so.1]" not in dynamic:
+            continue
+        listing = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True,
+                                 text=True).stdout
+        for line in listing.splitlines():
+            name = line.split()[-1].split("@")[0] if line.split() else ""
+            if _DRIVER_SYMBOL.match(name):
+                symbols.add(name)
+    return sorted(symbols)
+
+
+def write_driver_stub(rootfs: Path, symbols: Sequence[str]) -> str:
+    """A stand-in libcuda.so.1 in the unpacked rootfs (not in the image) defining `symbols` as
+    functions that return 100 (CUDA_ERROR_NO_DEVICE); returns its directory inside the image."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise UserError("--driver-stub: no C compiler (cc) on PATH to build a stand-in "
+                        "libcuda.so.1; install gcc, or run where the NVIDIA driver is")
+    d = inside(rootfs, DRIVER_STUB_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    src = d / "stub.c"
+    src.write_text("/* stand-in for the driver's libcuda.so.1: smoke test only */\n" +
+                   "".join(f"int {name}(void) {{ return 100; }}\n" for name in symbols))
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-o",
+                           str(d / "libcuda.so.1"), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"--driver-stub: {cc} could not build the stub: {proc.stderr.strip()[-300:]}")
+    return DRIVER_STUB_DIR
+
+
+def with_library_path(env: Sequence[str], directory: str) -> list[str]:
+    """env with directory first on LD_LIBRARY_PATH (keeping the image's own entries)."""
+    out, found = [], False
+    for e in env:
+        if e.startswith("LD_LIBRARY_PATH="):
+            out.append(f"LD_LIBRARY_PATH={directory}:{e.split('=', 1)[1]}".rstrip(":"))
+            found = True
+        else:
+            out.append(e)
+    return out if found else [*out, f"LD_LIBRARY_PATH={directory}"]
+
+
+def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> list[dict[str, object]]:
+    """Import modules with the image's python3 in a chroot (private mount ns with /proc)."""
+    if os.geteuid() != 0:
+        raise UserError("image_smoke: chroot needs root; run as root (CI runs tests as root)")
+    script = rootfs / "tmp" / "kimi-k3-smoke.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(_IMPORT_SCRIPT)
+    (rootfs / "proc").mkdir(exist_ok=True)
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    inner = [chroot, str(rootfs), "/usr/bin/python3", "/tmp/kimi-k3-smoke.py", *modules]
+    unshare = shutil.which("unshare")
+    if unshare:
+        # A private mount namespace: /proc is mounted for torch & co and vanishes with the process.
+        # `--propagation private` would remount / private, which fails when / is not a mount
+        # point (inside tools/bazel's sealed root, a chroot); making the mount that holds the
+        # rootfs private in the new namespace gives the same isolation in both cases.
+        mount = shutil.which("mount") or "/usr/bin/mount"
+        findmnt = shutil.which("findmnt") or "/usr/bin/findmnt"
+        cmd = [unshare, "--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c",
+               f'{mount} --make-rprivate "$({findmnt} -n -o TARGET -T "$0")" && '
+               f'{mount} -t proc proc "$0/proc" && exec "$@"', str(rootfs), *inner]
+    else:
+        cmd = inner
+    environment = dict(e.split("=", 1) for e in env)
+    environment.setdefault("HOME", "/root")
+    proc = subprocess.run(cmd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=900)
+    results = []
+    for line in proc.stdout.splitlines():
+        parts = line.split("\t", 3)
+        if len(parts) == 4 and parts[0] == _MARK:
+            results.append({"module": parts[1], "ok": parts[2] == "1", "detail": parts[3]})
+    if len(results) != len(modules):
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise UserError(f"chroot python3 in {rootfs} did not run (exit {proc.returncode}): {tail}; "
+                        "does the image have /usr/bin/python3?")
+    return results
+
+
+def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequence[Path], require: Sequence[str],
+          forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False,
+          driver_stub: bool = False) -> SmokeReport:
+    report = SmokeReport()
+    bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
+    try:
+        rootfs = unpack(layout, bundle)
+        for m in manifests:
+            check_manifest(rootfs, m, report)
+        for path in require:
+            p = inside(rootfs, path)
+            report.check(p.exists() and (not p.is_dir() or any(p.iterdir())), f"{path} present")
+        for path in forbid:
+            p = inside(rootfs, path)
+            report.check(not p.exists() and not p.is_symlink(), f"{path} absent")
+        if imports:
+            env = [*image_env(layout), *extra_env]
+            note = ""
+            if driver_stub:
+                symbols = driver_symbols(rootfs)
+                env = with_library_path(env, write_driver_stub(rootfs, symbols))
+                note = f" (with a stand-in libcuda.so.1 of {len(symbols)} driver symbols)"
+            for r in run_imports(rootfs, imports, env):
+                detail = str(r["detail"])
+                if not r["ok"] and "libcuda.so.1" in detail and not driver_stub:
+                    detail += (" (no NVIDIA driver here; GPU hosts get it from the container runtime;"
+                               " --driver-stub checks the import with a stand-in)")
+                report.check(bool(r["ok"]), f"import {r['module']}: {detail}{note if r['ok'] else ''}")
+    finally:
+        if keep:
+            print(f"rootfs kept at {bundle / 'rootfs'}", file=sys.stderr)
+        else:
+            shutil.rmtree(bundle.parent, ignore_errors=True)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layout", required=True, type=Path)
+    p.add_argument("--profile", choices=sorted(PROFILES))
+    p.add_argument("--import", dest="imports", action="append", default=[])
+    p.add_argument("--manifest", action="append", default=[], type=Path, help="patch gate manifest.json")
+    p.add_argument("--require", action="append", default=[], help="image path that must exist")
+    p.add_argument("--forbid", action="append", default=[], help="image path that must not exist")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    p.add_argument("--keep-rootfs", action="store_true")
+    p.add_argument("--driver-stub", action="store_true",
+                   help="hosts without the NVIDIA driver: a stand-in libcuda.so.1 for the imports")
+    args = p.parse_args(argv)
+    prof = PROFILES.get(args.profile or "", {})
+    for e in args.env:
+        if "=" not in e:
+            raise UserError(f"--env {e!r}: expected K=V")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    report = smoke(args.layout, args.workdir, [*prof.get("imports", []), *args.imports], args.manifest,
+                   [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
+                   [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub)
+    for line in report.passes:
+        print(f"ok   {line}")
+    for line in report.failures:
+        print(f"FAIL {line}")
+    print(f"{len(report.passes)} passed, {len(report.failures)} failed")
+    return 0 if not report.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

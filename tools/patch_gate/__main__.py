@@ -1,0 +1,7 @@
+"""`python -m tools.patch_gate`."""
+import sys
+
+from tools.common.errors import run_cli
+from tools.patch_gate import main
+
+sys.exit(run_cli(main))
