@@ -17,6 +17,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.xmlpath = xml
 
 
+def env_path(var: str) -> Path:
+    """A path Bazel passes in an environment variable (a target's `env`, e.g. `$(rootpath ...)`);
+    unset fails the test, naming the variable: such tests run only through Bazel."""
+    value = os.environ.get(var)
+    if not value:
+        pytest.fail(f"{var} is unset: run this test through Bazel (tools/bazel test <target>), which sets it")
+    return Path(value)
+
+
 def artifact(var: str) -> Path:
     """A real upstream artifact named by an environment variable (Bazel sets it from a pin, see
     tests/defs.bzl `artifacts`); unset or missing fails the test loudly, never skips it."""
