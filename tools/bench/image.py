@@ -21,9 +21,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tools.image import layout as oci_image
 
 from tools.image import layer as oci_layer

@@ -28,9 +28,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).absolute().parents[2]))
-
 from tools import kernel_cache as kc
 from tools.common.errors import UserError, run_cli
 

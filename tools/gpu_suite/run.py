@@ -3,8 +3,8 @@
 For GPU hosts that have CUDA torch and pytest but no Bazel and no registry access (such as the
 H200 host this project was proven on). Bring the stack's wheels (the patched FlashInfer wheel
 from `bazel build //flashinfer_patches:flashinfer_wheel`, apache-tvm-ffi, Mooncake) and the
-kernel cache built for the host's arch (`bazel build //kernel_cache:cache
---//kernel_cache:arch=9.0a`, or `tools/kernel_cache build`), then:
+kernel cache built for the host's arch (`bazel build //kernel_cache:sm90_cache`, or
+`python3 -m tools.kernel_cache build --arch 9.0a`), then:
 
     python3 -m tools.gpu_suite --wheel dist/*.whl --kernel-cache cache-90a --junit gpu.xml
 
@@ -12,7 +12,7 @@ It lays them out with tools/gpu_suite/site.py (through tests/gpu/conftest.py), r
 tests/gpu with FLASHINFER_DISABLE_JIT=1, and prints a table: test, outcome, device, reason.
 Exit status is pytest's (0 only when nothing failed). A module kernel_cache/modules.json
 declares for the cache's arch that the cache lacks fails its tests; for a cache built as a
-subset (`kernel_cache.py build --only`, `--//kernel_cache:only`) pass the same `--only` here,
+subset (`python3 -m tools.kernel_cache build --only`, `--//kernel_cache:only`) pass the same `--only` here,
 and the modules it leaves out are skipped instead.
 """
 from __future__ import annotations
