@@ -41,10 +41,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tools.common.errors import UserError, run_cli
+from tools.common.files import temp_sibling, write_bytes_atomic
+from tools.common.jsonfmt import canonical_json
 
 GZIP_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 TAR_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
@@ -358,12 +357,10 @@ def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compr
                 progress: bool = True) -> LayerDescriptor:
     """Write the layer blob to `out` atomically and return its descriptor."""
     entries = with_parents(contents.entries)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    tmp = Path(tmp_name)
+    tmp = temp_sibling(out)
     open_tars: dict[Path, tarfile.TarFile] = {}
     try:
-        with os.fdopen(fd, "wb") as raw:
+        with open(tmp, "wb") as raw:
             sink = _DigestingGzipSink(raw, compress)
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
                               encoding="utf-8", errors="surrogateescape") as tf:
@@ -373,7 +370,6 @@ def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compr
                         print(f"[oci_layer] {name}: {i + 1}/{len(entries)} entries, "
                               f"{sink.tar_size >> 20} MiB", file=sys.stderr)
             sink.finish()
-        os.chmod(tmp, 0o644)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -409,29 +405,7 @@ def _add_entry(tf: tarfile.TarFile, entry: Entry, epoch: int,
 
 
 def write_descriptor(desc: LayerDescriptor, path: Path) -> None:
-    write_json_atomic(path, desc.to_json())
-
-
-def canonical_json(obj: object) -> bytes:
-    """The one JSON encoding used for every blob: sorted keys, no spaces, ASCII."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    write_bytes_atomic(path, canonical_json(obj) + b"\n")
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, canonical_json(desc.to_json()) + b"\n")
 
 
 def _split_assignment(raw: str, flag: str) -> tuple[str, str]:

@@ -16,7 +16,6 @@ org.kimi-k3.sbom-sha256, org.kimi-k3.layer-compression, org.opencontainers.image
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -27,11 +26,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tools.common.errors import UserError, run_cli
-from tools.image.layer import canonical_json, compression_id, source_date_epoch
+from tools.common.hashing import sha256_bytes, sha256_file
+from tools.common.jsonfmt import canonical_json
+from tools.image.layer import compression_id, source_date_epoch
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -71,7 +69,7 @@ class BuiltImage:
 
 
 def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "sha256:" + sha256_bytes(data)
 
 
 def rfc3339(epoch: int) -> str:
@@ -148,11 +146,7 @@ def _put_blob(layout: Path, layer: Layer) -> None:
     dest = blob_path(layout, layer.digest)
     if dest.exists():
         return
-    h = hashlib.sha256()
-    with open(layer.blob, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    if "sha256:" + h.hexdigest() != layer.digest:
+    if "sha256:" + sha256_file(layer.blob) != layer.digest:
         raise UserError(f"{layer.blob}: content does not match {layer.digest} ({layer.name}); rebuild the layer")
     try:
         os.link(layer.blob, dest)
@@ -192,7 +186,7 @@ def image_config(layers: Sequence[Layer], epoch: int, env: Sequence[str], entryp
 
 def file_sha256(path: Path, flag: str) -> str:
     try:
-        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        return "sha256:" + sha256_file(path)
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot read ({e}); pass an existing file") from e
 

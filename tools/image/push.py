@@ -50,12 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
+from tools.common.files import write_bytes_atomic
 from tools.image.layout import blob_path, read_index_manifest, sha256_digest
-from tools.image.layer import write_bytes_atomic
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 USER_ENV, PASSWORD_ENV = "KIMI_K3_REGISTRY_USERNAME", "KIMI_K3_REGISTRY_PASSWORD"
@@ -320,13 +318,6 @@ def remote_manifest_digest(repo: Repository, suffix: str, creds: Credentials) ->
 
 
 # ---------------------------------------------------------------- local registry
-
-def cache_root() -> Path:
-    if os.environ.get("KIMI_K3_CACHE"):
-        return Path(os.environ["KIMI_K3_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "kimi-k3-build"
-
 
 @dataclass(frozen=True)
 class RegistryProcess:

@@ -17,7 +17,6 @@ The rootfs tar goes into a layer through tools/image/layer.py --tar (entries sor
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -30,11 +29,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
-from tools.common.hashing import sha256_file
+from tools.common.hashing import sha256_bytes, sha256_file
 from tools.image.layer import SITE_PACKAGES, source_date_epoch
 
 DEFAULT_SUITE = "bookworm"
@@ -42,15 +39,6 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # python3 for the stack; libibverbs1 + ibverbs-providers because Mooncake's transfer engine
 # loads libibverbs even for TCP; ca-certificates for HTTPS model downloads at serve time.
 DEFAULT_INCLUDE = ("python3", "libibverbs1", "ibverbs-providers", "ca-certificates")
-
-
-def cache_root() -> Path:
-    if os.environ.get("KIMI_K3_CACHE"):
-        return Path(os.environ["KIMI_K3_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "kimi-k3-build"
-
-
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -80,7 +68,7 @@ def debian_rootfs(out: Path, suite: str, mirror: str, include: Sequence[str], va
     if shutil.which("mmdebstrap") is None:
         raise UserError("mmdebstrap: not on PATH; install it (apt-get install -y mmdebstrap) or use `pull`")
     key_text = json.dumps([suite, mirror, sorted(include), variant, epoch])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:24]
+    key = sha256_bytes(key_text.encode())[:24]
     cached = cache_root() / "rootfs" / f"{suite}-{variant}-{key}.tar"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)

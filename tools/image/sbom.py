@@ -17,25 +17,28 @@ layer (SGLang's) and the config, not this SBOM's layer as well.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.pins import lock as lockfile
 from tools.common.errors import UserError, run_cli
+from tools.common.files import write_bytes_atomic
+from tools.common.hashing import sha256_bytes
+from tools.common.jsonfmt import canonical_json
+from tools.image.layer import source_date_epoch
 from tools.image.layout import rfc3339
-from tools.image.layer import canonical_json, source_date_epoch, write_bytes_atomic
+from tools.pins import lock as lockfile
 
 IMAGE_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
 # Where image/BUILD.bazel puts the patch gate manifests (inside the FlashInfer/SGLang layers).
 GATE_MANIFEST_DIR = "/usr/share/kimi-k3/patch-gate"
 NOASSERTION = "NOASSERTION"
+# Part of the SBOM's bytes, so of the sbom layer's digest and the image's manifest digest: it
+# keeps the tool's name from when the image was first published (tools/sbom.py, now
+# tools/image/sbom.py); renaming a module must not change an image.
+CREATOR = "Tool: kimi-k3-build tools/sbom.py"
 
 
 def spdx_id(kind: str, name: str) -> str:
@@ -120,11 +123,11 @@ def build_sbom(lock: lockfile.Lock, stack_name: str, manifests: Sequence[dict[st
     doc: dict[str, Any] = {
         "spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
         "name": f"kimi-k3-{stack_name}",
-        "creationInfo": {"created": rfc3339(epoch), "creators": ["Tool: kimi-k3-build tools/image/sbom.py"]},
+        "creationInfo": {"created": rfc3339(epoch), "creators": [CREATOR]},
         "packages": packages, "relationships": relationships,
     }
     # The namespace must be unique per document: derive it from the content, not from time or uuid.
-    content = hashlib.sha256(canonical_json(doc)).hexdigest()
+    content = sha256_bytes(canonical_json(doc))
     doc["documentNamespace"] = f"https://kimi-k3.invalid/spdx/{stack_name}-{content}"
     return doc
 
@@ -142,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch)
     data = canonical_json(doc) + b"\n"
     write_bytes_atomic(args.out, data)
-    print(f"sbom: {args.out} sha256:{hashlib.sha256(data).hexdigest()} "
+    print(f"sbom: {args.out} sha256:{sha256_bytes(data)} "
           f"({len(doc['packages'])} packages)", file=sys.stderr)
     return 0
 

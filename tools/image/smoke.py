@@ -37,9 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tools.common.errors import UserError, run_cli
 from tools.common.hashing import sha256_file
 from tools.image.layout import blob_path, read_index_manifest
@@ -133,8 +130,6 @@ def inside(rootfs: Path, image_path: str, _hops: int = 0) -> Path:
             continue
         resolved.append(part)
     return rootfs.joinpath(*resolved)
-
-
 
 
 def check_manifest(rootfs: Path, manifest_path: Path, report: SmokeReport) -> None:

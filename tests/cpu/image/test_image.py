@@ -34,21 +34,15 @@ from typing import Iterator
 import pytest
 from tests.cpu.conftest import artifact
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO_ROOT))
-
-from tools.image import smoke as image_smoke  # noqa: E402
-
-from tools.image import layout as oci_image
-
+from tools.common.errors import UserError
 from tools.image import layer as oci_layer
-
+from tools.image import layout as oci_image
 from tools.image import push as oci_push
-
 from tools.image import rootfs
-
 from tools.image import sbom
-from tools.common.errors import UserError  # noqa: E402
+from tools.image import smoke as image_smoke
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 EPOCH = 1700000000
 ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
@@ -791,6 +785,48 @@ def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
         sbom.read_gate_manifest(bad)
+
+
+# sha256 of what tools/sbom.py and tools/oci_layer.py wrote for these inputs when the image was
+# first published (before the tools moved into tools/image): moving or refactoring a tool must not
+# change one output byte, or every image digest changes with it.
+PUBLISHED_SBOM_SHA256 = "9c02b1bdcf916801a0e4bad282a7e95952221c578f38f3c51d55f363e80a0a61"
+PUBLISHED_TAR_LAYER_SHA256 = "3b550dfe5851ee8cb02a4dce2d183e45c18af85bac26c7118d91fd735b78db1c"
+PUBLISHED_DESCRIPTOR_SHA256 = "d2e319f79364968a21054aec8ecc663ae71e3e37b5ada35dd3693dc17776af57"
+
+
+def test_sbom_and_layer_bytes_are_those_of_the_published_tools(tmp_path: Path) -> None:
+    lock = tmp_path / "pins.lock.json"
+    lock.write_text(json.dumps({"schema_version": 1, "pins": {
+        "tiny-1.0": {"kind": "file", "package": {"name": "tiny", "version": "1.0"}, "filename": "tiny-1.0-py3-none-any.whl",
+                     "urls": ["https://files.pythonhosted.org/tiny-1.0-py3-none-any.whl"], "sha256": "a" * 64},
+        "tinysg-2.0": {"kind": "file", "package": {"name": "tinysg", "version": "2.0"}, "filename": "tinysg-2.0-py3-none-any.whl",
+                       "urls": ["https://files.pythonhosted.org/tinysg-2.0-py3-none-any.whl"], "sha256": "b" * 64}},
+        "stacks": {"tiny": {"description": "t", "sglang": "tinysg-2.0", "flashinfer": "tiny-1.0"}}}))
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({"series": "s.series", "target": {"pin": "tinysg-2.0"}, "patches": [
+        {"entry": "0001-fix.patch", "sha256": "c" * 64, "state": "applies"},
+        {"entry": "0002-old.patch", "sha256": "d" * 64, "state": "already upstream"}]}))
+    assert sbom.main(["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate),
+                      "--out", str(tmp_path / "sbom.json"), "--source-date-epoch", "1700000000"]) == 0
+    # Files, an executable, a hard link, a symlink, a --file with a mode; uncompressed, so the
+    # bytes do not depend on the zlib build.
+    tree = tmp_path / "tree"
+    (tree / "pkg" / "sub").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("x = 1\n")
+    (tree / "pkg" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(tree / "pkg" / "run.sh", 0o700)
+    (tree / "pkg" / "sub" / "data.bin").write_bytes(bytes(range(256)) * 3)
+    os.link(tree / "pkg" / "sub" / "data.bin", tree / "pkg" / "sub" / "again.bin")
+    os.symlink("sub/data.bin", tree / "pkg" / "link")
+    entry = tmp_path / "entry.py"
+    entry.write_text("print('hi')\n")
+    assert oci_layer.main(["--name", "tiny", "--out", str(tmp_path / "l.tar"), "--descriptor", str(tmp_path / "l.json"),
+                           "--tree", f"opt/tiny={tree}", "--file", f"/usr/local/bin/tiny={entry}:755",
+                           "--compression", "none", "--source-date-epoch", "1700000000"]) == 0
+    digests = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in ("sbom.json", "l.tar", "l.json")}
+    assert digests == {"sbom.json": PUBLISHED_SBOM_SHA256, "l.tar": PUBLISHED_TAR_LAYER_SHA256,
+                       "l.json": PUBLISHED_DESCRIPTOR_SHA256}
 
 
 

@@ -1,11 +1,11 @@
 """Bazel-level CPU test of //image wiring (tag cpu): the small layers and the SBOM as Bazel
 builds them for the selected stack, without building the GB-sized layers.
 
-Env (set by image/BUILD.bazel from the targets): KIMI_IMAGE_SBOM (the SBOM), KIMI_GATE_MANIFESTS
+Env (set by tests/cpu/image/BUILD.bazel from the //image targets and image/constants.bzl): KIMI_IMAGE_SBOM (the SBOM), KIMI_GATE_MANIFESTS
 (space-separated gate manifests), KIMI_LAYER_ENTRYPOINT / KIMI_LAYER_KERNEL_CACHE / KIMI_LAYER_SBOM
 (layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py); the BUILD file's constants
-KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_SBOM_IMAGE_PATH. An unset variable fails
-the test.
+KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_SBOM_IMAGE_PATH, KIMI_IMAGE_CUDA_ARCH. An
+unset variable fails the test.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from tests.cpu.conftest import env_path
 
 from tools.image import layer as oci_layer
 from tools.image.sbom import spdx_id
@@ -25,18 +26,17 @@ from tools.image.sbom import spdx_id
 SITE = "usr/local/lib/python3.11/dist-packages"
 
 
-def env_path(var: str) -> Path:
-    """The path in $var; for a layer target ($(rootpaths): blob and descriptor), the blob."""
-    value = os.environ.get(var)
-    if not value:
-        pytest.fail(f"{var} is unset: run this test through Bazel (//image:image_wiring_test)")
-    paths = value.split()
+def layer_blob(var: str) -> Path:
+    """The blob of a layer target: $var is its $(rootpaths), the blob and its descriptor."""
+    paths = str(env_path(var)).split()
     blobs = [p for p in paths if p.endswith(".tar.gz")]
-    return Path(blobs[0] if blobs else paths[0])
+    if len(blobs) != 1:
+        pytest.fail(f"{var}={' '.join(paths)}: expected one .tar.gz layer blob among the layer target's files")
+    return Path(blobs[0])
 
 
 def layer_members(var: str) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
-    with tarfile.open(env_path(var), "r:gz") as tf:
+    with tarfile.open(layer_blob(var), "r:gz") as tf:
         return {m.name: (m, tf.extractfile(m).read() if m.isfile() else None) for m in tf.getmembers()}
 
 
@@ -44,7 +44,7 @@ def test_sbom_lists_every_gated_patch_by_name_and_state_only() -> None:
     sbom_bytes = env_path("KIMI_IMAGE_SBOM").read_bytes()
     doc = json.loads(sbom_bytes)
     names = {p["name"]: p for p in doc["packages"]}
-    manifests = [json.loads(Path(m).read_text()) for m in os.environ.get("KIMI_GATE_MANIFESTS", "").split()]
+    manifests = [json.loads(Path(m).read_text()) for m in str(env_path("KIMI_GATE_MANIFESTS")).split()]
     assert len(manifests) == 2, "both gate manifests (flashinfer, sglang) are SBOM inputs"
     for manifest in manifests:
         assert spdx_id("Pin", manifest["target"]["pin"]) in {p["SPDXID"] for p in doc["packages"]}
@@ -86,16 +86,17 @@ def test_kernel_cache_layer_targets_flashinfer_aot_dir() -> None:
 
 
 def env_value(var: str) -> str:
+    """A constant of image/constants.bzl that the test target passes in $var."""
     value = os.environ.get(var)
     if not value:
-        pytest.fail(f"{var} is unset: run this test through Bazel (//image:image_wiring_test)")
+        pytest.fail(f"{var} is unset: run this test through Bazel (//tests/cpu/image:test_image_wiring)")
     return value
 
 
 def test_layer_descriptors_name_their_blobs() -> None:
     # The descriptor's digest is the blob's sha256: what the manifest will reference.
     for var in ("KIMI_LAYER_ENTRYPOINT", "KIMI_LAYER_KERNEL_CACHE", "KIMI_LAYER_SBOM"):
-        blob = env_path(var)
+        blob = layer_blob(var)
         desc = json.loads(blob.with_name(blob.name.replace(".tar.gz", ".layer.json")).read_text())
         assert desc["digest"] == "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
 
@@ -109,7 +110,7 @@ def test_small_layers_rebuild_byte_identical_from_their_inputs(tmp_path: Path, l
     """Rebuild the layer from its declared inputs, twice, from copies at other paths with other
     host modes (the same execute bit: a file's only mode bit a layer keeps) and mtimes: each
     rebuild must equal Bazel's blob byte for byte."""
-    bazel_blob = env_path(layer_var).read_bytes()
+    bazel_blob = layer_blob(layer_var).read_bytes()
     executable = os.stat(env_path(src_var)).st_mode & 0o111 != 0
     variants = [(0o700 if executable else 0o600, 1), (0o775 if executable else 0o664, 2_000_000_000)]
     for i, (file_mode, mtime) in enumerate(variants):

@@ -1,0 +1,18 @@
+"""The image's fixed values: image/BUILD.bazel builds with them, tests/cpu/image checks the built
+layers against them (one definition, so a change cannot leave a test comparing stale values)."""
+
+# Fixed, never the wall clock: every mtime in every layer and the config's `created`.
+# 2026-01-01T00:00:00Z. Changing it changes every digest.
+SOURCE_DATE_EPOCH = "1767225600"
+
+SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+
+GATE_MANIFEST_DIR = "/usr/share/kimi-k3/patch-gate"
+
+ENTRYPOINT = "/usr/local/bin/kimi-k3-entrypoint"
+
+SBOM_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
+
+# The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be
+# built for (the kernel-cache layer action refuses any other).
+IMAGE_CUDA_ARCH = "12.0f"

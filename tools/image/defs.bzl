@@ -1,0 +1,36 @@
+"""Thin Bazel rules over the image tools (all logic is in tools/image/*.py, tested on its own).
+
+    debian_rootfs      tools/image/rootfs.py debian: the base OS tar (mmdebstrap; network + root)
+    oci_layer          tools/image/layer.py: one reproducible layer blob + its descriptor
+    empty_directory    a directory output with nothing in it (stand-in kernel cache)
+    sbom               tools/image/sbom.py: the SPDX document shipped in the image
+    oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
+    oci_push           `bazel run` target: tools/image/push.py on that layout
+    kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
+
+One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
+re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
+sees identical inputs and is a cache hit. Each rule's tool is a py_library label
+(//tools/image:layer, :sbom, ...): the action's tool inputs are that library's transitive
+sources only, so an edit to another tool (say smoke.py) invalidates none of the layer actions.
+SOURCE_DATE_EPOCH is a mandatory attribute (the BUILD file's constant), never the wall clock, so
+the same inputs give the same digests. Rule internals: tools/image/private/.
+"""
+
+load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_directory")
+load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_test = "kernel_cache_layer_test")
+load("//tools/image/private:layer.bzl", _oci_layer = "oci_layer")
+load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
+load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
+load("//tools/image/private:push.bzl", _oci_push = "oci_push")
+load("//tools/image/private:rootfs.bzl", _debian_rootfs = "debian_rootfs")
+load("//tools/image/private:sbom.bzl", _sbom = "sbom")
+
+debian_rootfs = _debian_rootfs
+oci_layer = _oci_layer
+empty_directory = _empty_directory
+sbom = _sbom
+oci_image_layout = _oci_image_layout
+oci_push = _oci_push
+kernel_cache_layer_test = _kernel_cache_layer_test
+LayerInfo = _LayerInfo

@@ -1,0 +1,69 @@
+"""oci_layer: one reproducible layer blob + its descriptor (tools/image/layer.py)."""
+
+load(":common.bzl", "PY_TOOLCHAIN", "run_tool", "tool_attr")
+load(":providers.bzl", "LayerInfo")
+
+def _image_file_spec(image_path_and_mode, file):
+    """`IMAGE_PATH[:MODE]` (the dict value in BUILD) -> tools/image/layer.py's --file value."""
+    image_path, _, mode = image_path_and_mode.partition(":")
+    return "%s=%s%s" % (image_path, file.path, (":" + mode) if mode else "")
+
+def _single_file(target, what):
+    files = target.files.to_list()
+    if len(files) != 1:
+        fail("%s: %s must be exactly one file or directory, got %d" % (what, target.label, len(files)))
+    return files[0]
+
+def _oci_layer_impl(ctx):
+    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    descriptor = ctx.actions.declare_file(ctx.label.name + ".layer.json")
+    args = ctx.actions.args()
+    args.add("--name", ctx.attr.layer_name or ctx.label.name.removeprefix("layer_"))
+    args.add("--out", blob)
+    args.add("--descriptor", descriptor)
+    args.add("--source-date-epoch", ctx.attr.source_date_epoch)
+    inputs = []
+    for f in ctx.files.tars:
+        args.add("--tar", f)
+        inputs.append(f)
+    for f in ctx.files.wheels:
+        args.add("--wheel", f)
+        inputs.append(f)
+    for f in ctx.files.wheel_dirs:
+        args.add("--wheel-dir", f.path)
+        inputs.append(f)
+    for f in ctx.files.site_trees:
+        args.add("--site-tree", f.path)
+        inputs.append(f)
+    for target, image_dir in ctx.attr.trees.items():
+        d = _single_file(target, "trees")
+        args.add("--tree", "%s=%s" % (image_dir, d.path))
+        inputs.append(d)
+    for target, image_path in ctx.attr.files.items():
+        f = _single_file(target, "files")
+        args.add("--file", _image_file_spec(image_path, f))
+        inputs.append(f)
+    if ctx.attr.kernel_cache_arch:
+        args.add("--kernel-cache-arch", ctx.attr.kernel_cache_arch)
+    run_tool(ctx, "image.layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
+    return [
+        DefaultInfo(files = depset([blob, descriptor])),
+        LayerInfo(blob = blob, descriptor = descriptor),
+    ]
+
+oci_layer = rule(
+    implementation = _oci_layer_impl,
+    doc = "One reproducible layer (tools/image/layer.py): sorted entries, fixed mtimes/owners/modes, fixed gzip.",
+    attrs = tool_attr("//tools/image:layer") | {
+        "layer_name": attr.string(doc = "name recorded in the manifest annotation (default: target name without layer_)"),
+        "tars": attr.label_list(allow_files = [".tar"], doc = "rootfs tars (owners and special bits kept)"),
+        "wheels": attr.label_list(allow_files = [".whl"], doc = "installed as Debian's python3 would (installer library)"),
+        "wheel_dirs": attr.label_list(allow_files = True, doc = "directories whose .whl files are installed (repacked patched wheels)"),
+        "site_trees": attr.label_list(allow_files = True, doc = "directories placed as-is under site-packages"),
+        "trees": attr.label_keyed_string_dict(allow_files = True, doc = "directory -> image directory"),
+        "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
+        "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
+        "source_date_epoch": attr.string(mandatory = True),
+    },
+    toolchains = PY_TOOLCHAIN,
+)
