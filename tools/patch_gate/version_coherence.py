@@ -15,7 +15,6 @@ directories, and/or a stack of the lock (`--lock` + `--stack`). Exit 0 coherent,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from tools.common.errors import UserError, run_cli
 from tools.patch_gate.wheel import PATCHED_LOCAL_LABEL, read_metadata_name_version
+from tools.pins import lock as pins_lock
 
 FLASHINFER_PYTHON = "flashinfer-python"
 FLASHINFER_CUBIN = "flashinfer-cubin"
@@ -87,18 +87,14 @@ def dists_from_site_packages(directory: Path) -> list[Dist]:
 
 def dists_from_lock_stack(lock_path: Path, stack: str) -> list[Dist]:
     """The packaged pins a stack of the lock names (file pins with a `package`)."""
-    try:
-        lock = json.loads(lock_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"--lock {lock_path}: unreadable ({e}); pass third_party/pins.lock.json") from e
-    stacks = lock.get("stacks", {})
-    if stack not in stacks:
-        raise UserError(f"--stack {stack}: not in {lock_path} (stacks: {', '.join(sorted(stacks))})")
+    lock = pins_lock.load(lock_path)  # validated: a malformed lock is refused, not half read
+    if stack not in lock.stacks:
+        raise UserError(f"--stack {stack}: not in {lock_path} (stacks: {', '.join(sorted(lock.stacks))})")
     dists = []
-    for value in stacks[stack].values():
-        pin = lock["pins"].get(value) if isinstance(value, str) else None
-        if pin and "package" in pin:
-            dists.append(Dist(canonicalize_name(pin["package"]["name"]), pin["package"]["version"], f"lock pin {value}"))
+    for value in lock.stacks[stack].roles.values():
+        pin = lock.pins[value]
+        if isinstance(pin, pins_lock.FilePin) and pin.package is not None:
+            dists.append(Dist(canonicalize_name(pin.package.name), pin.package.version, f"lock pin {value}"))
     return dists
 
 

@@ -16,9 +16,7 @@ import hashlib
 import io
 import os
 import re
-import shutil
 import stat
-import tempfile
 import time
 import zipfile
 import zlib
@@ -27,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from tools.common.errors import UserError
+from tools.common.files import temp_sibling
 from tools.common.hashing import sha256_file
 
 # Zip timestamps cannot predate 1980-01-01 00:00:00 UTC.
@@ -342,10 +341,9 @@ def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LAB
     members = _repacked_members(tree, dist, new_dirname, new_version, is_exec)
     date_time = _zip_date_time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{wheel_name}.", suffix=".tmp", dir=out_dir)
+    tmp_name = temp_sibling(out_dir / wheel_name)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zf:
+        with open(tmp_name, "wb") as raw, zipfile.ZipFile(raw, "w") as zf:
             for rel, data, executable in members:
                 info = zipfile.ZipInfo(rel, date_time=date_time)
                 info.create_system = 3  # unix, so external_attr modes are honoured
@@ -354,7 +352,7 @@ def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LAB
         final = out_dir / wheel_name
         os.replace(tmp_name, final)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp_name.unlink(missing_ok=True)
         raise
     return final
 

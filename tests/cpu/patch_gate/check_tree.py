@@ -9,27 +9,14 @@ was applied. It prints the gate's table (patch, state, files, offsets) for the r
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def _env_path(var: str) -> Path:
-    value = os.environ.get(var)
-    assert value, f"{var} is not set: run this through Bazel (bazel test //sglang_patches:check)"
-    return Path(value)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from tests.cpu.conftest import env_path
+from tools.common.hashing import sha256_file
 
 
 def tree_problems(tree: Path, manifest: dict) -> list[str]:
@@ -38,7 +25,7 @@ def tree_problems(tree: Path, manifest: dict) -> list[str]:
     for entry in manifest["changed_files"]:
         path = tree / entry["path"]
         want = entry["sha256_after"]
-        got = _sha256(path) if path.is_file() else None
+        got = sha256_file(path) if path.is_file() else None
         if got != want:
             problems.append(f"{entry['path']}: the tree has {got or 'no file'}, the manifest says {want or 'deleted'}")
     dist = [p.name for p in tree.iterdir() if p.name.endswith(".dist-info")]
@@ -49,11 +36,11 @@ def tree_problems(tree: Path, manifest: dict) -> list[str]:
 
 
 def test_tree_is_what_the_manifest_describes() -> None:
-    table = _env_path("KIMI_GATE_TABLE").read_text()
+    table = env_path("KIMI_GATE_TABLE").read_text()
     print(table)
     assert "\nresult: series applied;" in table, "the gate's table does not say the series was applied"
-    manifest = json.loads(_env_path("KIMI_BUILT_MANIFEST").read_text())
-    problems = tree_problems(_env_path("KIMI_GATE_TREE"), manifest)
+    manifest = json.loads(env_path("KIMI_BUILT_MANIFEST").read_text())
+    problems = tree_problems(env_path("KIMI_GATE_TREE"), manifest)
     assert not problems, "the patched tree differs from its manifest: " + "; ".join(problems)
 
 

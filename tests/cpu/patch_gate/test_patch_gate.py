@@ -32,13 +32,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-if str(REPO) not in sys.path:  # run as a plain script (py_test main) from anywhere
-    sys.path.insert(0, str(REPO))
 
-from tests.cpu.conftest import artifact  # noqa: E402
-from tools import patch_gate  # noqa: E402
+from tests.cpu.conftest import artifact
+from tools.common.errors import UserError, run_cli
+from tools.common.jsonfmt import review_json
 from tools.patch_gate import wheel as wheel_repack
-from tools.common.errors import run_cli  # noqa: E402
+from tools.patch_gate.cli import EXIT_REFUSED
+from tools.patch_gate.cli import main as gate_main
+from tools.patch_gate.gate import STATE_APPLIES, STATE_EXCLUDED, STATE_UPSTREAM, replace_dir
+from tools.patch_gate.patch import split_patch
+from tools.patch_gate.series import read_series, resolve_series
 
 FI_LAYOUT = REPO / "flashinfer_patches" / "wheel_layout.json"
 SGL_LAYOUT = REPO / "sglang_patches" / "wheel_layout.json"
@@ -130,7 +133,7 @@ def write_series(directory: Path, patches: dict[str, bytes]) -> Path:
 
 
 def gate(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
-    rc = run_cli(patch_gate.main, [str(a) for a in args])
+    rc = run_cli(gate_main, [str(a) for a in args])
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
@@ -155,7 +158,7 @@ def applied(fi_wheel: Path, fi_tree: Path, tmp_path_factory: pytest.TempPathFact
     before, after = fixture_sources(fi_tree)
     series = write_series(base / "series", {"0001-fixture.patch": make_git_patch(base, before, after)})
     out, manifest, table, remapped = base / "out", base / "manifest.json", base / "table.txt", base / "remapped"
-    rc = run_cli(patch_gate.main, [str(a) for a in apply_args(series, fi_wheel, out, FI_LAYOUT, "--manifest", manifest,
+    rc = run_cli(gate_main, [str(a) for a in apply_args(series, fi_wheel, out, FI_LAYOUT, "--manifest", manifest,
                                                               "--table", table, "--remapped-dir", remapped)])
     assert rc == 0, table.read_text() if table.exists() else "gate failed"
     return {"series": series, "out": out, "manifest": manifest, "table": table, "remapped": remapped, "base": base}
@@ -180,7 +183,7 @@ def test_fixture_patch_remaps_checks_and_applies(applied: dict[str, Path], fi_tr
 def test_manifest_lists_changed_files_and_verified_count(applied: dict[str, Path], fi_tree: Path) -> None:
     raw = applied["manifest"].read_bytes()
     manifest = json.loads(raw)
-    assert raw == patch_gate.canonical_json(manifest), "manifest is not canonical JSON"
+    assert raw == review_json(manifest), "manifest is not canonical JSON"
     changed = {c["path"]: c for c in manifest["changed_files"]}
     assert sorted(changed) == sorted([BINDING_WHEEL, CORE_PY])
     for path, entry in changed.items():
@@ -188,7 +191,7 @@ def test_manifest_lists_changed_files_and_verified_count(applied: dict[str, Path
         assert entry["sha256_after"] == sha256_hex((applied["out"] / path).read_bytes())
         assert entry["changed_by"] == ["file:0001-fixture.patch"]
     (patch,) = manifest["patches"]
-    assert patch["state"] == patch_gate.STATE_APPLIES
+    assert patch["state"] == STATE_APPLIES
     assert patch["excluded"][0]["source"] == TEST_SRC and "tests/" in patch["excluded"][0]["why"]
     record_hashed = sum(1 for line in (fi_tree / "flashinfer_python-0.6.18.dist-info" / "RECORD").read_text().splitlines()
                         if line.split(",")[1])
@@ -206,9 +209,9 @@ def test_check_passes_then_names_drifted_file(applied: dict[str, Path], fi_wheel
         if entry["path"] == CORE_PY:
             entry["sha256_after"] = "0" * 64
     drifted = tmp_path / "expected.json"
-    drifted.write_bytes(patch_gate.canonical_json(expected))
+    drifted.write_bytes(review_json(expected))
     rc, _, err = gate(capsys, "check", *common, "--expected-manifest", drifted)
-    assert rc == patch_gate.EXIT_REFUSED
+    assert rc == EXIT_REFUSED
     assert f"changed_files[{CORE_PY}].sha256_after" in err
 
 
@@ -236,7 +239,7 @@ def test_already_upstream(fi_tree: Path, fi_wheel: Path, tmp_path: Path, capsys:
     assert rc == 0, out + err
     assert re.search(r"^1\s+file:0001-upstreamed.patch\s+already upstream\s", out, re.M), out
     doc = json.loads(manifest.read_text())
-    assert doc["changed_files"] == [] and doc["patches"][0]["state"] == patch_gate.STATE_UPSTREAM
+    assert doc["changed_files"] == [] and doc["patches"][0]["state"] == STATE_UPSTREAM
     assert doc["untouched_files_verified"] == doc["record_files_with_hash"]
 
 
@@ -257,7 +260,7 @@ def test_series_applies_patch_n_on_top_of_1_to_n_minus_1(fi_tree: Path, fi_wheel
     # The same two patches in the wrong order: the second one needs the first.
     series = write_series(tmp_path / "bad", {"0002-two.patch": second, "0001-one.patch": first})
     rc, out, _ = gate(capsys, *check_args(series, fi_wheel))
-    assert rc == patch_gate.EXIT_REFUSED
+    assert rc == EXIT_REFUSED
     assert re.search(r"^1\s+file:0002-two.patch\s+conflicts", out, re.M), out
 
 
@@ -280,7 +283,7 @@ def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path
     (out / "previous.txt").write_text("previous output\n")
     table = tmp_path / "table.txt"
     rc, stdout, _ = gate(capsys, *apply_args(series, fi_wheel, out, FI_LAYOUT, "--table", table))
-    assert rc == patch_gate.EXIT_REFUSED
+    assert rc == EXIT_REFUSED
     assert re.search(r"^1\s+file:0001-good.patch\s+applies", stdout, re.M)
     assert re.search(r"^2\s+file:0002-bad.patch\s+conflicts", stdout, re.M)
     assert re.search(re.escape(CORE_PY) + r": hunk #1 @@ .*: conflicts", stdout), stdout
@@ -289,7 +292,7 @@ def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path
     assert sorted(p.name for p in out.iterdir()) == ["previous.txt"] and not table.exists()
     shutil.rmtree(out)
     rc, _, _ = gate(capsys, *apply_args(series, fi_wheel, out))
-    assert rc == patch_gate.EXIT_REFUSED and not out.exists()
+    assert rc == EXIT_REFUSED and not out.exists()
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -398,22 +401,35 @@ def test_pin_entries_need_a_pin_file_and_match_the_lock(applied: dict[str, Path]
     assert rc == 2 and "is not the lock's" in err and "re-fetch" in err
 
 
+def test_a_malformed_lock_is_refused_by_the_lock_loader(applied: dict[str, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """--lock goes through tools.pins.lock's validation: a lock its loader refuses is not half used."""
+    doc = json.loads(LOCK.read_text())
+    doc["pins"]["flashinfer-pr4460"]["sha256"] = "abc"
+    bad = tmp_path / "pins.lock.json"
+    bad.write_text(json.dumps(doc))
+    rc, _, err = gate(capsys, "remap", "--series", applied["series"], "--layout", FI_LAYOUT, "--lock", bad,
+                      "--out-dir", tmp_path / "remapped")
+    assert rc == 2 and str(bad) in err and "flashinfer-pr4460" in err and "sha256" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "remapped").exists(), err
+
+
 def test_series_syntax_errors_name_the_line(tmp_path: Path) -> None:
     series = tmp_path / "bad.series"
     series.write_text("# ok\nfile:a.patch\npatch:b.patch\n")
-    with pytest.raises(patch_gate.UserError, match=r"bad.series:3: 'patch:b.patch'"):
-        patch_gate.read_series(series)
+    with pytest.raises(UserError, match=r"bad.series:3: 'patch:b.patch'"):
+        read_series(series)
     series.write_text("file:../outside.patch\n")
-    entries = patch_gate.read_series(series)
-    with pytest.raises(patch_gate.UserError, match=r"contains '..'"):
-        patch_gate.resolve_series(series, entries, {}, None)
+    entries = read_series(series)
+    with pytest.raises(UserError, match=r"contains '..'"):
+        resolve_series(series, entries, {}, None)
 
 
 def test_committed_series_files_parse() -> None:
-    default = patch_gate.read_series(REPO / "flashinfer_patches" / "default.series")
+    default = read_series(REPO / "flashinfer_patches" / "default.series")
     assert [e.label for e in default] == ["pin:flashinfer-pr4460"]
     pypi_text = (REPO / "flashinfer_patches" / "pypi.series").read_text()
-    assert patch_gate.read_series(REPO / "flashinfer_patches" / "pypi.series") == []
+    assert read_series(REPO / "flashinfer_patches" / "pypi.series") == []
     assert "0.7.2" in pypi_text and "SiTU" in pypi_text  # says why #4460 is not needed
 
 
@@ -482,7 +498,7 @@ def test_plain_diff_section_without_git_header_is_refused(where: str, fi_tree: P
 def test_committed_patches_parse_with_hunk_counts() -> None:
     """The strict parser accepts every committed SGLang patch (format-patch trailers included)."""
     for patch in sorted((REPO / "sglang_patches").glob("*.patch")):
-        _, sections = patch_gate.split_patch(patch.read_text(), patch.name)
+        _, sections = split_patch(patch.read_text(), patch.name)
         assert sections and all(s.hunks for s in sections), patch.name
 
 
@@ -500,7 +516,7 @@ def test_entry_with_every_file_excluded_is_reported_excluded(fi_wheel: Path, tmp
     assert rc == 0, out + err
     assert re.search(r"^1\s+file:0001-tests-only.patch\s+excluded\s+excluded: " + re.escape(TEST_SRC), out, re.M), out
     doc = json.loads(manifest.read_text())
-    assert [p["state"] for p in doc["patches"]] == [patch_gate.STATE_EXCLUDED] and doc["changed_files"] == []
+    assert [p["state"] for p in doc["patches"]] == [STATE_EXCLUDED] and doc["changed_files"] == []
     doc["target"]["pin"] = "flashinfer-python-0.6.18"
     _, relationships = sbom.patch_packages(doc)
     assert [r["relationshipType"] for r in relationships] == ["OTHER"], relationships
@@ -512,14 +528,14 @@ def test_drift_refusal_keeps_the_previous_output(applied: dict[str, Path], fi_wh
     expected = json.loads(applied["manifest"].read_text())
     expected["changed_files"][0]["sha256_after"] = "0" * 64
     drifted = tmp_path / "expected.manifest.json"
-    drifted.write_bytes(patch_gate.canonical_json(expected))
+    drifted.write_bytes(review_json(expected))
     out = tmp_path / "outputs" / "tree"
     out.mkdir(parents=True)
     (out / "previous.txt").write_text("previous good output\n")
     table, manifest, remapped = tmp_path / "table.txt", tmp_path / "manifest.json", tmp_path / "remapped"
     rc, stdout, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT, "--expected-manifest", drifted,
                                                "--table", table, "--manifest", manifest, "--remapped-dir", remapped))
-    assert rc == patch_gate.EXIT_REFUSED, stdout + err
+    assert rc == EXIT_REFUSED, stdout + err
     assert sorted(p.name for p in out.iterdir()) == ["previous.txt"], "the previous output was replaced or deleted"
     assert sorted(p.name for p in out.parent.iterdir()) == ["tree"], "scratch left behind"
     assert not table.exists() and not manifest.exists() and not remapped.exists()
@@ -544,7 +560,7 @@ def _replace_worker(args: tuple[str, int, int]) -> list[str]:
         for n in range(20):
             (new / f"f{n}").write_text(f"{worker}.{i}\n")
         try:
-            patch_gate.replace_dir(new, target)
+            replace_dir(new, target)
         except Exception as e:  # noqa: BLE001 - any failure is what the test reports
             errors.append(f"{type(e).__name__}: {e}")
             shutil.rmtree(new, ignore_errors=True)
@@ -580,15 +596,28 @@ def test_check_manifest_names_the_file_and_the_fix_command(applied: dict[str, Pa
                                  "`tools/bazel run //flashinfer_patches:update_manifest --config=pypi`")]:
         committed = tmp_path / package / f"{stack}.manifest.json"
         committed.parent.mkdir(exist_ok=True)
-        committed.write_bytes(patch_gate.canonical_json(expected))
+        committed.write_bytes(review_json(expected))
         stamp = tmp_path / f"{package}.stamp"
         rc, _, err = gate(capsys, "check-manifest", "--built", built, "--expected-manifest", committed, "--stamp", stamp)
-        assert rc == patch_gate.EXIT_REFUSED and not stamp.exists()
+        assert rc == EXIT_REFUSED and not stamp.exists()
         assert f"changed_files[{expected['changed_files'][0]['path']}].sha256_after" in err, err
         assert f"run {fix} and review the diff of {committed}" in err, err
         committed.write_bytes(built.read_bytes())
         rc, _, err = gate(capsys, "check-manifest", "--built", built, "--expected-manifest", committed, "--stamp", stamp)
         assert rc == 0 and stamp.is_file(), err
+
+
+def test_manifest_commands_refuse_a_non_utf8_manifest_in_one_line(applied: dict[str, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad bytes in --built or --expected-manifest are bad input (exit 2, one line), not a traceback."""
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"\x80{}\n")
+    for args in (["check-manifest", "--built", garbage, "--expected-manifest", applied["manifest"]],
+                 ["check-manifest", "--built", applied["manifest"], "--expected-manifest", garbage],
+                 ["install-manifest", "--built", garbage, "--expected-manifest", tmp_path / "out.manifest.json"]):
+        rc, _, err = gate(capsys, *args)
+        assert rc == 2 and "unreadable" in err and str(garbage) in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out.manifest.json").exists()
 
 
 def test_install_manifest_writes_the_workspace_file_atomically(applied: dict[str, Path], tmp_path: Path,
@@ -678,7 +707,7 @@ def test_member_with_bad_crc_is_a_one_line_error(tmp_path: Path, capsys: pytest.
     assert rc == 2, err
     (line,) = error_lines(err)
     assert line.startswith(f"error: wheel {wheel.name}: member demo/__init__.py is damaged (Bad CRC-32"), err
-    with pytest.raises(patch_gate.UserError, match=r"member demo/__init__.py is damaged"):
+    with pytest.raises(UserError, match=r"member demo/__init__.py is damaged"):
         wheel_repack.unpack_wheel(wheel, tmp_path / "unpacked")
 
 
@@ -729,7 +758,7 @@ def test_malicious_wheel_members_are_refused(member: zipfile.ZipInfo | str, mess
     assert not out_dir.exists() and not (tmp_path / "evil.py").exists()
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
-    with pytest.raises(patch_gate.UserError, match=re.escape(message)):
+    with pytest.raises(UserError, match=re.escape(message)):
         wheel_repack.unpack_wheel(wheel, unpacked)
     assert list(unpacked.iterdir()) == []
 
@@ -741,7 +770,7 @@ def test_default_manifest_agrees_with_lock_and_pinned_wheel(fi_tree: Path) -> No
     """#4460 itself is GitHub-only, but its manifest's inputs and before-hashes are checkable here."""
     raw = (REPO / "flashinfer_patches" / "default.manifest.json").read_bytes()
     manifest = json.loads(raw)
-    assert raw == patch_gate.canonical_json(manifest)
+    assert raw == review_json(manifest)
     lock = json.loads(LOCK.read_text())
     assert manifest["target"]["sha256"] == lock["pins"]["flashinfer-python-0.6.18"]["sha256"]
     (patch,) = manifest["patches"]

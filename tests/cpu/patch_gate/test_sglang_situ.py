@@ -30,9 +30,10 @@ from typing import Any
 
 import pytest
 from tests.cpu.conftest import artifact
-from tools import patch_gate
-from tools.patch_gate import wheel as wheel_repack
 from tools.common.errors import run_cli
+from tools.patch_gate import wheel as wheel_repack
+from tools.patch_gate.cli import main as gate_main
+from tools.patch_gate.gate import STATE_APPLIES
 
 # absolute(), not resolve(): under Bazel the runfiles tree (with its declared data) is the root.
 ROOT = Path(__file__).absolute().parents[3]
@@ -105,7 +106,7 @@ def gate_apply(stack: Stack, wheel: Path, out: Path, manifest: Path) -> dict[str
         "--lock", LOCK, "--target-pin", stack.pin, "--expected-manifest", PATCH_DIR / f"{stack.name}.manifest.json",
         "--out-dir", out, "--manifest", manifest,
     ]
-    rc = run_cli(patch_gate.main, [str(a) for a in args])
+    rc = run_cli(gate_main, [str(a) for a in args])
     assert rc == 0, f"the patch gate refused sglang_patches/{stack.series} on sglang {stack.version} (exit {rc}; see stderr)"
     return json.loads(manifest.read_text())
 
@@ -179,7 +180,7 @@ def test_series_changes_only_the_moe_files(stack_run: StackRun) -> None:
 def test_series_is_not_already_upstream(stack_run: StackRun) -> None:
     # The gate checked each patch forward and in reverse: `already upstream` would mean the fix landed.
     states = {p["entry"]: p["state"] for p in stack_run.manifest["patches"]}
-    assert states and set(states.values()) == {patch_gate.STATE_APPLIES}, states
+    assert states and set(states.values()) == {STATE_APPLIES}, states
 
 
 @pytest.mark.parametrize("check", FIX_CHECKS)

@@ -1,17 +1,16 @@
 """CPU tests of tools/patch_gate/version_coherence.py: FlashInfer package sets that must be refused."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-if str(REPO) not in sys.path:  # run as a plain script (py_test main) from anywhere
-    sys.path.insert(0, str(REPO))
 
-from tools.patch_gate import version_coherence as vc  # noqa: E402
-from tools.common.errors import UserError, run_cli  # noqa: E402
+from tools.patch_gate import version_coherence as vc
+from tools.common.errors import UserError, run_cli
 LOCK = REPO / "third_party" / "pins.lock.json"
 PATCHED = "0.6.18+kimik3.01382e17"
 
@@ -80,6 +79,18 @@ def test_lock_stacks_are_coherent(stack: str, version: str, capsys: pytest.Captu
     assert run_cli(vc.main, ["--lock", str(LOCK), "--stack", stack]) == 0
     assert run_cli(vc.main, ["--lock", str(LOCK), "--stack", "nope"]) == 2
 
+
+
+def test_a_malformed_lock_is_refused_by_the_lock_loader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--lock goes through tools.pins.lock's validation, not a raw JSON read."""
+    doc = json.loads(LOCK.read_text())
+    doc["pins"]["flashinfer-python-0.6.18"]["sha256"] = "abc"
+    bad = tmp_path / "pins.lock.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"flashinfer-python-0\.6\.18.*sha256"):
+        vc.dists_from_lock_stack(bad, "default")
+    assert run_cli(vc.main, ["--lock", str(bad), "--stack", "default"]) == 2
+    assert str(bad) in capsys.readouterr().err
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

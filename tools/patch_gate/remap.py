@@ -1,0 +1,160 @@
+"""The wheel-layout remap: upstream source paths rewritten to where the wheel holds the files.
+
+wheel_layout.json declares the rules (map: source prefix -> wheel prefix; exclude: not in the
+wheel, with why); the longest matching rule wins and a path no rule covers is an error.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.common.errors import UserError
+from tools.common.hashing import sha256_bytes
+from tools.patch_gate.patch import Hunk, split_patch
+from tools.patch_gate.series import PatchSource
+from tools.patch_gate.wheel import check_member_path
+
+LAYOUT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """A source-path prefix (ending in '/') or exact file and where it lives in the wheel (None: excluded)."""
+
+    source: str
+    wheel: str | None
+    reason: str
+
+    def matches(self, path: str) -> bool:
+        return path.startswith(self.source) if self.source.endswith("/") else path == self.source
+
+    def apply(self, path: str) -> str:
+        assert self.wheel is not None
+        return self.wheel + path[len(self.source):]
+
+
+@dataclass(frozen=True)
+class WheelLayout:
+    """Declared source->wheel path rules; the longest matching rule wins."""
+
+    name: str
+    sha256: str
+    rules: tuple[LayoutRule, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> WheelLayout:
+        try:
+            data = path.read_bytes()
+            doc = json.loads(data)
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"--layout {path}: unreadable ({e}); pass a wheel_layout.json") from e
+        if doc.get("schema_version") != LAYOUT_SCHEMA_VERSION:
+            raise UserError(f"--layout {path}: schema_version must be {LAYOUT_SCHEMA_VERSION}")
+        rules: list[LayoutRule] = []
+        for item in doc.get("map", []):
+            rules.append(LayoutRule(source=item["source"], wheel=item["wheel"], reason=item.get("why", "")))
+        for item in doc.get("exclude", []):
+            if not item.get("why"):
+                raise UserError(f"--layout {path}: exclude rule {item.get('source')!r} has no `why`; say why it is not in the wheel")
+            rules.append(LayoutRule(source=item["source"], wheel=None, reason=item["why"]))
+        sources = [r.source for r in rules]
+        for rule in rules:
+            if sources.count(rule.source) > 1:
+                raise UserError(f"--layout {path}: source {rule.source!r} has two rules; keep one")
+            if rule.wheel is not None and rule.source.endswith("/") != rule.wheel.endswith("/"):
+                raise UserError(f"--layout {path}: rule {rule.source!r} -> {rule.wheel!r} mixes a directory and a file; end both with '/' or neither")
+        return cls(name=path.name, sha256=sha256_bytes(data), rules=tuple(rules))
+
+    def rule_for(self, source_path: str, origin: str) -> LayoutRule:
+        matching = [r for r in self.rules if r.matches(source_path)]
+        if not matching:
+            raise UserError(f"{origin}: {source_path} matches no rule of {self.name}; add a map or exclude rule for it")
+        return max(matching, key=lambda r: len(r.source))
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """A file section after the layout remap."""
+
+    source: str
+    wheel: str
+    old_wheel: str | None
+    new_wheel: str | None
+    hunks: tuple[Hunk, ...]
+
+
+@dataclass(frozen=True)
+class ExcludedFile:
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RemappedPatch:
+    """A patch rewritten to wheel paths: `text` is what git apply sees and what reviewers read."""
+
+    source: PatchSource
+    text: str
+    files: tuple[MappedFile, ...]
+    excluded: tuple[ExcludedFile, ...]
+
+
+def _rewrite_header(lines: list[str], old_wheel: str | None, new_wheel: str | None) -> list[str]:
+    """Section lines with every path-bearing header line pointing at the wheel paths."""
+    a_name = old_wheel or new_wheel
+    b_name = new_wheel or old_wheel
+    out = [f"diff --git a/{a_name} b/{b_name}"]
+    in_header = True
+    for line in lines[1:]:
+        if in_header and (line.startswith("@@ ") or line.startswith("GIT binary patch")):
+            in_header = False
+        if in_header:
+            if line.startswith("--- ") and old_wheel is not None:
+                line = f"--- a/{old_wheel}"
+            elif line.startswith("+++ ") and new_wheel is not None:
+                line = f"+++ b/{new_wheel}"
+            elif line.startswith(("rename from ", "copy from ")):
+                line = f"{line.split(' from ')[0]} from {old_wheel}"
+            elif line.startswith(("rename to ", "copy to ")):
+                line = f"{line.split(' to ')[0]} to {new_wheel}"
+        out.append(line)
+    return out
+
+
+def remap_patch(source: PatchSource, layout: WheelLayout) -> RemappedPatch:
+    """Rewrite a source-layout patch to the wheel layout.
+
+    Why rewrite the text instead of `git apply --directory/--include`: --directory prepends one
+    root to every path, while one upstream patch spans several rules (flashinfer/ stays,
+    csrc/ moves under flashinfer/data/); that would need one partial apply per rule, splitting a
+    patch's single state and hiding exclusions. The rewritten patch is saved for review.
+    """
+    origin = source.entry.label
+    text = source.data.decode("utf-8", errors="surrogateescape")
+    preamble, sections = split_patch(text, origin)
+    kept: list[str] = list(preamble)
+    files: list[MappedFile] = []
+    excluded: list[ExcludedFile] = []
+    for section in sections:
+        rules = {p: layout.rule_for(p, origin) for p in (section.old_path, section.new_path) if p is not None}
+        if all(r.wheel is None for r in rules.values()):
+            reason = "; ".join(sorted({f"{r.source}: {r.reason}" for r in rules.values()}))
+            excluded.append(ExcludedFile(source=section.path, reason=reason))
+            continue
+        if any(r.wheel is None for r in rules.values()):
+            raise UserError(f"{origin}: {section.path} moves between an excluded and a shipped path; split the patch")
+        old_wheel = rules[section.old_path].apply(section.old_path) if section.old_path else None
+        new_wheel = rules[section.new_path].apply(section.new_path) if section.new_path else None
+        for wheel_path in (old_wheel, new_wheel):
+            if wheel_path is not None:
+                check_member_path(wheel_path, f"{origin} (remapped by {layout.name})")
+                if wheel_path.split("/", 1)[0].endswith(".dist-info"):
+                    raise UserError(f"{origin}: {section.path} maps into {wheel_path}; patches may not edit wheel metadata, fix {layout.name}")
+        kept += _rewrite_header(section.lines, old_wheel, new_wheel)
+        files.append(MappedFile(source=section.path, wheel=new_wheel or old_wheel or "", old_wheel=old_wheel,
+                                new_wheel=new_wheel, hunks=tuple(section.hunks)))
+    remapped = "\n".join(kept)
+    if not remapped.endswith("\n"):
+        remapped += "\n"
+    return RemappedPatch(source=source, text=remapped, files=tuple(files), excluded=tuple(excluded))
