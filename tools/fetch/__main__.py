@@ -1,7 +1,7 @@
-"""`python -m tools.fetch`."""
+"""`python3 -m tools.fetch` (commands: tools/fetch/cli.py)."""
 import sys
 
 from tools.common.errors import run_cli
-from tools.fetch import main
+from tools.fetch.cli import main
 
 sys.exit(run_cli(main))

@@ -1,6 +1,17 @@
 """Pins: the one lock (third_party/pins.lock.json) and the tools that write it.
 
 Takes: upstream coordinates (PyPI names and versions, git commits). Gives: validated pins
-(lock: schema and validation), PyPI pins and stack closures (pypi), the hashed venv locks
-(venv_lock). Fetching the bytes is tools.fetch.
+(lock: schema, validation and the public loader `lock.load`), wheel pins and stack closures
+(pypi: `python3 -m tools.pins.pypi add-pypi NAME==VERSION` and `lock-closure --stack S`), the
+hashed venv locks (venv_lock: `python3.11 -m tools.pins.venv_lock`), and the module extensions
+that make the lock into Bazel repositories (extensions.bzl; internals in private/).
+
+Package graph (imports point one way only):
+
+    tools.common  <-  tools.pins.lock  <-  tools.fetch        (verified bytes, add-git-diff)
+                                       <-  tools.pins.pypi    (index metadata and pip only)
+    tools.common  <-  tools.pins.venv_lock
+
+Nothing in tools.pins imports tools.fetch: the PyPI tools need only what an index publishes
+(sha256, size, PEP 658 metadata) or what pip reads itself. Fetching the bytes is tools.fetch.
 """

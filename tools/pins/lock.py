@@ -3,6 +3,15 @@
 Schema: docs/DESIGN.md ("Lock file"). Every schema error is a one-line UserError that names
 the lock file, the pin (or stack) and the field, so a typo in a hand edit is found at once.
 
+Public API (every stage reads the lock through these, never with a json.loads of its own):
+  load(path) -> Lock     the validated lock: typed pins (FilePin, GitDiffPin, GitTreePin) and
+                         stacks; bad JSON, a schema error or an unknown stack/pin name in a
+                         stack is a one-line UserError naming the lock and the field.
+  Lock.pin(name), Lock.stack(name)
+                         a pin or stack by name; an unknown name is a UserError with close names.
+  read_raw(path)         the decoded JSON (for editors that rewrite the lock), checked only as
+                         JSON; write(path, data) validates it and writes it in canonical form.
+
 Stdlib only: tools/fetch imports this module from inside Bazel repository rules, where only
 a bare interpreter is available.
 """
@@ -10,14 +19,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from tools.common.errors import UserError
+from tools.common.files import write_text_atomic
 
 SCHEMA_VERSION = 1
 # absolute(), not resolve(): under Bazel, tools/ and third_party/ are runfiles symlinks whose
@@ -444,23 +452,8 @@ def canonical_text(data: Mapping[str, Any]) -> str:
     return _dump(top, 0) + "\n"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` via a fsynced temp sibling and rename (never half written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write(path: Path, data: Mapping[str, Any]) -> Lock:
     """Validate `data` and write it canonically to `path`; returns the validated lock."""
     lock = parse_lock(path, data)
-    atomic_write_text(path, canonical_text(data))
+    write_text_atomic(path, canonical_text(data), fsync=True)  # fsync: a pin bump must survive a crash
     return lock

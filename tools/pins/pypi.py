@@ -9,7 +9,10 @@ wheels, then records every resolved wheel as a `file` pin and lists them in the 
 pip runs `--isolated` with PIP_CONFIG_FILE=/dev/null so a host's find-links, local indexes and
 constraints (e.g. a CPU torch) cannot leak into the lock.
 
-Stdlib only (like tools/fetch); pip is run as a subprocess of the current interpreter.
+Everything here needs only the index's metadata (PEP 691 JSON pages: sha256 and size of every
+file; PEP 658 `.metadata` files), read with urllib or by pip, never tools.fetch: the package
+graph stays tools.common <- tools.pins.lock <- tools.fetch, with this module beside fetch.
+Stdlib only; pip is run as a subprocess of the current interpreter.
 """
 from __future__ import annotations
 
@@ -26,19 +29,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
-from tools import fetch  # noqa: E402
-
+from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_bytes
 from tools.pins import lock as lockfile
-from tools.common.errors import UserError, run_cli  # noqa: E402
-from tools.pins.lock import FilePin  # noqa: E402
+from tools.pins.lock import FilePin
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
@@ -47,6 +45,8 @@ DEFAULT_PYTHON = "3.11"
 # flashinfer's prebuilt-kernel companions: their versions must match flashinfer-python, and an
 # official jit-cache beside a patched wheel would silently run unpatched kernels.
 FLASHINFER_COMPANIONS = ("flashinfer-cubin", "flashinfer-jit-cache")
+# A wheel's METADATA is kilobytes; the cap keeps a broken index from streaming without end.
+METADATA_LIMIT = 16 << 20
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
@@ -230,15 +230,70 @@ def stack_requirements(lock: lockfile.Lock, stack_name: str) -> list[str]:
     return requirements
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's Requires-Dist entries that apply without extras (markers kept for pip)."""
-    with zipfile.ZipFile(wheel) as zf:
-        names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-        if len(names) != 1:
-            raise UserError(f"{wheel}: expected one .dist-info/METADATA, found {len(names)}; is it a wheel?")
-        metadata = email.parser.Parser().parsestr(zf.read(names[0]).decode("utf-8"), headersonly=True)
-    requirements = metadata.get_all("Requires-Dist") or []
+def without_extras(requirements: Iterable[str]) -> list[str]:
+    """The Requires-Dist entries that apply without extras (markers kept for pip)."""
     return [r for r in requirements if not re.search(r"\bextra\s*==", r)]
+
+
+def metadata_requirements(text: str) -> list[str]:
+    """The Requires-Dist entries of a wheel's METADATA text that apply without extras."""
+    return without_extras(email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or [])
+
+
+def index_metadata_requirements(pin: FilePin, index_url: str, timeout: float) -> list[str] | None:
+    """The pin's Requires-Dist from the index's PEP 658 metadata file, or None when the index
+    cannot vouch for it: only when the index lists the lock's exact file (same name and sha256)
+    with a metadata sha256, and the `.metadata` file has that sha256. Spares the wheel download."""
+    assert pin.package is not None
+    try:
+        page_url, page = fetch_simple_json(index_url, pin.package.name, timeout)
+    except UserError as e:
+        print(f"lock-closure: {pin.name}: no index page ({e}); reading the wheel itself", file=sys.stderr)
+        return None
+    entry = next((f for f in page.get("files", []) if f.get("filename") == pin.filename), None)
+    if entry is None or entry.get("hashes", {}).get("sha256") != pin.sha256:
+        return None
+    meta = entry.get("core-metadata", entry.get("dist-info-metadata"))
+    expected = meta.get("sha256") if isinstance(meta, dict) else None
+    if not expected:
+        return None
+    url = urllib.parse.urljoin(page_url, entry["url"]).split("#")[0] + ".metadata"
+    request = urllib.request.Request(url, headers={"User-Agent": "kimi-k3-lock/1"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read(METADATA_LIMIT + 1)
+    except (urllib.error.URLError, OSError) as e:
+        print(f"lock-closure: {url}: {getattr(e, 'reason', e)}; reading the wheel itself", file=sys.stderr)
+        return None
+    if len(body) > METADATA_LIMIT or sha256_bytes(body) != expected:
+        print(f"lock-closure: {url}: not the metadata the index lists (sha256 {expected}); reading the wheel itself",
+              file=sys.stderr)
+        return None
+    try:
+        return metadata_requirements(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+
+
+def pinned_wheel_requirements(pin: FilePin, *, platform: str, python: str, index_url: str,
+                              timeout: float) -> list[str]:
+    """The Requires-Dist (without extras) of exactly the pinned wheel: from the index's PEP 658
+    metadata when it vouches for the lock's sha256, else pip reads the wheel from the pin's URLs
+    with the lock's sha256 as the URL's hash (pip refuses other bytes)."""
+    requirements = index_metadata_requirements(pin, index_url, timeout)
+    if requirements is not None:
+        return requirements
+    assert pin.package is not None
+    failures: list[str] = []
+    for url in pin.urls:
+        direct = f"{pin.package.name} @ {url.split('#')[0]}#sha256={pin.sha256}"
+        code, last, items = pip_report([direct], platform=platform, python=python, index_url=index_url,
+                                       extra=("--no-deps",))
+        if code == 0 and len(items) == 1:
+            return without_extras(items[0]["metadata"].get("requires_dist") or [])
+        failures.append(f"{url}: {' | '.join(last) or f'pip exited {code}'}")
+    raise UserError(f"pin '{pin.name}': could not read the wheel's Requires-Dist ({'; '.join(failures)}); check the "
+                    "network/proxy, or re-pin it with `python3 -m tools.pins.pypi add-pypi` if the lock is wrong")
 
 
 def requirement_project(requirement: str) -> str:
@@ -271,7 +326,8 @@ def compatible_platforms(platform: str) -> list[str]:
     return tags + sorted(legacy, reverse=True)
 
 
-def closure_requirements(lock: lockfile.Lock, stack_name: str, timeout: float) -> tuple[list[str], list[str]]:
+def closure_requirements(lock: lockfile.Lock, stack_name: str, timeout: float, *, platform: str = DEFAULT_PLATFORM,
+                         python: str = DEFAULT_PYTHON, index_url: str = PYPI_SIMPLE) -> tuple[list[str], list[str]]:
     """(requirements for pip, pins added as-is). Without overrides pip resolves sglang itself;
     with them, pip resolves sglang's own Requires-Dist (overrides applied) and the sglang pin
     joins the closure unchanged, since pip has no way to override a dependency's exact pin."""
@@ -281,34 +337,44 @@ def closure_requirements(lock: lockfile.Lock, stack_name: str, timeout: float) -
         return requirements, []
     sglang = lock.pins[stack.roles["sglang"]]
     assert isinstance(sglang, FilePin)
-    wheel = fetch.fetch_file_pin(sglang, fetch.Cache(fetch.default_cache_dir()), fetch.mirror_dirs([]), timeout)
-    own = apply_overrides(wheel_requirements(wheel), stack.closure_overrides, sglang.name)
+    pinned = pinned_wheel_requirements(sglang, platform=platform, python=python, index_url=index_url, timeout=timeout)
+    own = apply_overrides(pinned, stack.closure_overrides, sglang.name)
     return [*own, *requirements[1:]], [sglang.name]
 
 
-def pip_resolve(requirements: Sequence[str], *, platform: str, python: str, index_url: str) -> list[dict[str, Any]]:
-    """pip's `install --report` entries for the closure. PEP 658 metadata spares the wheel
-    downloads where the index serves it; where it does not, pip streams each wheel through a
-    temp dir (--no-cache-dir: nothing multi-GB is kept)."""
+def pip_report(requirements: Sequence[str], *, platform: str, python: str, index_url: str,
+               extra: Sequence[str] = ()) -> tuple[int, list[str], list[dict[str, Any]]]:
+    """(pip's exit code, its last 3 stderr lines, its `install --report` entries) for
+    `requirements` on the target. PEP 658 metadata spares the wheel downloads where the index
+    serves it; where it does not, pip streams each wheel through a temp dir (--no-cache-dir:
+    nothing multi-GB is kept)."""
     with tempfile.TemporaryDirectory(prefix="kimi-k3-closure-") as tmp:
         report = Path(tmp) / "report.json"
         platforms = [arg for tag in compatible_platforms(platform) for arg in ("--platform", tag)]
         cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--no-cache-dir", "--dry-run",
                "--ignore-installed", "--quiet", "--report", str(report), "--only-binary=:all:", *platforms,
                "--python-version", python, "--implementation", "cp", "--target", str(Path(tmp) / "target"),
-               "--index-url", index_url, *requirements]
+               "--index-url", index_url, *extra, *requirements]
         # --isolated ignores PIP_* variables and user config; PIP_CONFIG_FILE=/dev/null also drops
         # the global/site config files where this host keeps its find-links and constraints.
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull
         result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        last = [ln for ln in result.stderr.splitlines() if ln.strip()][-3:]
         if result.returncode != 0:
-            last = [ln for ln in result.stderr.splitlines() if ln.strip()][-3:]
-            shown = " ".join(requirements) if len(requirements) <= 4 else f"{len(requirements)} requirements"
-            raise UserError(f"pip could not resolve {shown} for {platform}/cp{python}: {' | '.join(last)}; "
-                            "add a closure_overrides entry to the stack for a pin the index cannot serve")
+            return result.returncode, last, []
         items: list[dict[str, Any]] = json.loads(report.read_text())["install"]
-        return items
+        return 0, last, items
+
+
+def pip_resolve(requirements: Sequence[str], *, platform: str, python: str, index_url: str) -> list[dict[str, Any]]:
+    """pip's `install --report` entries for the closure of `requirements`."""
+    code, last, items = pip_report(requirements, platform=platform, python=python, index_url=index_url)
+    if code != 0:
+        shown = " ".join(requirements) if len(requirements) <= 4 else f"{len(requirements)} requirements"
+        raise UserError(f"pip could not resolve {shown} for {platform}/cp{python}: {' | '.join(last)}; "
+                        "add a closure_overrides entry to the stack for a pin the index cannot serve")
+    return items
 
 
 def report_entry_pin(item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -359,7 +425,8 @@ def lock_closure(lock_path: Path | str, stack_name: str, *, platform: str = DEFA
     """Resolve a stack's closure and write its wheel pins into the lock; returns a summary."""
     lock_path = Path(lock_path)
     lock = lockfile.load(lock_path)
-    requirements, direct_pins = closure_requirements(lock, stack_name, timeout)
+    requirements, direct_pins = closure_requirements(lock, stack_name, timeout, platform=platform, python=python,
+                                                     index_url=index_url)
     start = time.monotonic()
     items = pip_resolve(requirements, platform=platform, python=python, index_url=index_url)
     resolve_s = time.monotonic() - start
@@ -388,7 +455,7 @@ def lock_closure(lock_path: Path | str, stack_name: str, *, platform: str = DEFA
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pypi_lock.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m tools.pins.pypi", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--lock", default=str(lockfile.DEFAULT_LOCK))

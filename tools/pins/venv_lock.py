@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.common.files import write_text_atomic
 from tools.common.hashing import sha256_file
 
 HEADER = """\
 # Hashed lock of the venv that runs this project's tools and tests (the Bazel Python toolchain,
-# third_party/python_venv.bzl). Generated from requirements.in by:
+# tools/pins/private/python_venv.bzl). Generated from requirements.in by:
 #     python3.11 -m tools.pins.venv_lock
 # Do not edit by hand. torch is the CPU build (2.13.0+cpu, the version SGLang 0.5.19-0.5.21 pin):
 # the CPU suite must never pull a multi-GB CUDA torch.
@@ -85,9 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [header]
     for name, version, sha in resolve(args.src, args.isolated):
         lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(args.out)
+    write_text_atomic(args.out, "".join(lines))
     print(f"wrote {args.out}: {len(lines) - 1} distributions", file=sys.stderr)
     return 0
 

@@ -1,4 +1,4 @@
-"""tools/fetch: verified fetch through the CAS, mirrors, git pins, lock editing.
+"""tools/fetch: verified fetch through the CAS, mirrors, git pins, add-git-diff, verify.
 
 Everything runs against fixtures this file makes under tmp_path: an HTTP server on 127.0.0.1
 (in a thread), a lock file, and bare git repositories. No network beyond loopback.
@@ -24,12 +24,11 @@ REPO_ROOT = Path(__file__).absolute().parents[3]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools import fetch  # noqa: E402
-
-from tools.pins import lock as lockfile
-
-from tools.pins import pypi as pypi_lock
 from tools.common.errors import UserError  # noqa: E402
+from tools.fetch import cli as fetch  # noqa: E402  (fetch.main: the CLI in-process)
+from tools.fetch import git as fetch_git  # noqa: E402
+from tools.fetch import place, sources  # noqa: E402
+from tools.pins import lock as lockfile  # noqa: E402
 
 # The CLI as users run it (`python3 -m tools.fetch`), with the repository root importable.
 FETCH_CLI = [sys.executable, "-m", "tools.fetch"]
@@ -417,6 +416,8 @@ def test_corrupt_mirror_file_is_an_error_naming_the_path(tmp_path: Path) -> None
                     "--pin", "a"])
     message = one_line(e.value)
     assert str(mirror / "artifact.bin") in message and sha(b"original") in message and sha(b"tampered") in message
+    # The re-pin hint names the commands as they are now run.
+    assert "`python3 -m tools.pins.pypi add-pypi` or `python3 -m tools.fetch add-git-diff`" in message
 
 
 def test_unreachable_everywhere_lists_sources_and_fill_hint(tmp_path: Path) -> None:
@@ -577,14 +578,14 @@ def test_oversized_mirror_file_is_read_only_to_size_plus_one(tmp_path: Path, ser
 
     monkeypatch.setattr(Path, "stat", lying_stat)
     read: list[int] = []
-    real_copy = fetch.copy_stream_verified
+    real_copy = sources.copy_stream_verified
 
     def counting_copy(*args: Any, **kwargs: Any) -> tuple[str, int]:
         digest, got = real_copy(*args, **kwargs)
         read.append(got)
         return digest, got
 
-    monkeypatch.setattr(fetch, "copy_stream_verified", counting_copy)
+    monkeypatch.setattr(sources, "copy_stream_verified", counting_copy)
     lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
     path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(mirror),
                     "--pin", "a")
@@ -725,7 +726,7 @@ def test_extract_refuses_an_interpreter_without_tar_filters(tmp_path: Path, monk
     dest.parent.mkdir()
     monkeypatch.delattr(tarfile, "data_filter")
     with pytest.raises(UserError) as e:
-        fetch.extract_tar(tar_path, dest)
+        place.extract_tar(tar_path, dest)
     assert "needs tarfile extraction filters" in one_line(e.value) and str(dest) in one_line(e.value)
     assert list(dest.parent.iterdir()) == [] and not (tmp_path / "x" / "escape.txt").exists()
 
@@ -876,7 +877,7 @@ def test_mirror_fills_a_dir_that_serves_an_offline_fetch(tmp_path: Path, server:
     assert (mirror / "w.whl").read_bytes() == data
     assert (mirror / "widget-feature.diff").read_bytes() == git_origin.diff
     assert not (mirror / "o.whl").exists()
-    bare = fetch.mirror_repo_path(mirror, repository)
+    bare = fetch_git.mirror_repo_path(mirror, repository)
     assert bare.is_dir() and git("--git-dir", str(bare), "rev-parse", f"{git_origin.parent}^{{tree}}")
     # Offline: origin server and origin repository gone, fresh cache.
     server.stop()
@@ -906,54 +907,7 @@ def test_mirror_from_local_checkout(tmp_path: Path, git_origin: GitOrigin) -> No
 
 
 # ---------------------------------------------------------------------------------------------
-# lock editing: add-pypi, add-git-diff, verify
-
-
-def simple_page(server: Server, project: str, files: list[tuple[str, bytes]], **extra: Any) -> None:
-    entries = []
-    for filename, body in files:
-        server.routes[f"/files/{filename}"] = Route(body)
-        entries.append({"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": sha(body)},
-                        "size": len(body), **extra.get(filename, {})})
-    page = {"meta": {"api-version": "1.1"}, "name": project, "files": entries}
-    server.routes[f"/simple/{project}/"] = Route(json.dumps(page).encode(), content_type=pypi_lock.SIMPLE_JSON)
-
-
-def test_add_pypi_picks_the_platform_wheel_and_writes_a_fetchable_pin(tmp_path: Path, server: Server) -> None:
-    wanted = b"the cp311 manylinux2014 wheel"
-    simple_page(server, "widget-kernel", [
-        ("widget_kernel-1.2.0.tar.gz", b"sdist"),
-        ("widget_kernel-1.2.0-cp310-cp310-manylinux2014_x86_64.whl", b"cp310"),
-        ("widget_kernel-1.2.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", wanted),
-        ("widget_kernel-1.2.0-cp311-cp311-manylinux_2_35_x86_64.whl", b"glibc too new"),
-        ("widget_kernel-1.2.0-cp311-cp311-manylinux_2_28_aarch64.whl", b"arm"),
-        ("widget_kernel-1.2.0-py3-none-any.whl", b"generic"),
-        ("widget_kernel-1.3.0-cp311-cp311-manylinux_2_34_x86_64.whl", b"other version"),
-    ])
-    lock = write_lock(tmp_path, {})
-    name = run_main("add-pypi", "--lock", str(lock), "--index-url", server.url("/simple"), "Widget_Kernel==1.2.0")
-    assert name == "widget-kernel-1.2.0"
-    pin = json.loads(lock.read_text())["pins"][name]
-    assert pin == {"kind": "file", "package": {"name": "widget-kernel", "version": "1.2.0"},
-                   "filename": "widget_kernel-1.2.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                   "urls": [server.url("/files/widget_kernel-1.2.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl")],
-                   "sha256": sha(wanted), "size": len(wanted)}
-    assert lock.read_text() == lockfile.canonical_text(json.loads(lock.read_text()))
-    path = run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", name)
-    assert Path(path).read_bytes() == wanted
-    with pytest.raises(UserError, match="no wheel of that version"):
-        fetch.main(["add-pypi", "--lock", str(lock), "--index-url", server.url("/simple"), "widget-kernel==9.9"])
-    with pytest.raises(UserError, match="exact pin NAME==VERSION"):
-        fetch.main(["add-pypi", "--lock", str(lock), "--index-url", server.url("/simple"), "widget-kernel>=1"])
-
-
-def test_add_pypi_prefers_pure_wheel_when_no_binary_fits(tmp_path: Path, server: Server) -> None:
-    simple_page(server, "tool", [("tool-2.0-cp312-abi3-manylinux_2_17_x86_64.whl", b"abi3 312"),
-                                 ("tool-2.0-py3-none-any.whl", b"pure"),
-                                 ("tool-2.0-cp38-abi3-manylinux_2_17_x86_64.whl", b"abi3 38")])
-    lock = write_lock(tmp_path, {})
-    run_main("add-pypi", "--lock", str(lock), "--index-url", server.url("/simple"), "tool==2.0", "--pin-name", "t")
-    assert json.loads(lock.read_text())["pins"]["t"]["filename"] == "tool-2.0-cp38-abi3-manylinux_2_17_x86_64.whl"
+# lock editing: add-git-diff (add-pypi is tools.pins.pypi's: tests/cpu/pins/test_pypi.py), verify
 
 
 def test_add_git_diff_records_trees_and_canonical_sha(tmp_path: Path, git_origin: GitOrigin) -> None:
@@ -969,6 +923,36 @@ def test_add_git_diff_records_trees_and_canonical_sha(tmp_path: Path, git_origin
     # The diff went into the CAS, so fetching the new pin needs no source at all.
     assert Path(run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin",
                          "widget-pr1")).read_bytes() == git_origin.diff
+
+
+def test_add_pypi_is_not_a_fetch_command(tmp_path: Path) -> None:
+    # One CLI owns each command: wheel pins are tools.pins.pypi's (the fetch CLI no longer
+    # imports tools.pins.pypi, which would make the package graph a circle).
+    proc = subprocess.run([*FETCH_CLI, "add-pypi", "--lock", str(write_lock(tmp_path, {})), "x==1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "run `python3 -m tools.pins.pypi add-pypi NAME==VERSION`" in proc.stderr
+    # and fetch's own parser has no such command
+    assert "add-pypi" not in fetch.build_parser().format_help()
+
+
+def test_add_git_diff_from_a_shallow_mirror_needs_the_parent(tmp_path: Path, git_origin: GitOrigin) -> None:
+    repository = "https://github.invalid/acme/widget"
+    lock = write_lock(tmp_path, {"d": diff_pin(git_origin, repository=repository)})
+    mirror = tmp_path / "mirror"
+    run_main("mirror", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(mirror),
+             "--from-git", f"d={git_origin.work}")  # the mirror's repository holds each commit at depth 1
+    (tmp_path / "t").mkdir()
+    target = write_lock(tmp_path / "t", {})
+    before = target.read_bytes()
+    argv = ["add-git-diff", "--lock", str(target), "--cache", str(tmp_path / "c2"), "--mirror", str(mirror),
+            "--name", "widget-pr1", "--repository", repository, "--commit", git_origin.commit]
+    with pytest.raises(UserError) as e:
+        fetch.main(argv)
+    assert "comes without its parent" in one_line(e.value) and "pass --parent PARENT" in one_line(e.value)
+    assert target.read_bytes() == before
+    run_main(*argv, "--parent", git_origin.parent)
+    assert lockfile.load(target).pins["widget-pr1"].sha256 == sha(git_origin.diff)
 
 
 def test_verify_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,8 @@
 
 The lock is the single source of truth. Starlark only reads it to declare repositories; the
 fetch, verification, cache and mirror logic is tools/fetch (tested on its own), which each
-repository rule runs with the interpreter named by KIMI_K3_PYTHON.
+repository rule runs with the interpreter named by KIMI_K3_PYTHON. Each repository watches the
+Python sources of the packages that command imports, so a changed tool re-runs it.
 
 Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`). Each pin gets only
 its own entry of the lock (as a one-pin lock written into its repository), so editing one pin
@@ -19,12 +20,40 @@ re-fetches that pin alone. The hub repository `@pins` has:
 def _repo_name(pin):
     return "pin_" + "".join([c if c.isalnum() else "_" for c in pin.elems()])
 
+# `python3 -m tools.fetch` imports tools, tools.fetch, tools.pins (lock) and tools.common
+# (tools/fetch/__init__.py states that graph): a file of each package, whose directory is watched.
+_TOOL_PACKAGES = [
+    Label("//tools/fetch:BUILD.bazel"),
+    Label("//tools/pins:BUILD.bazel"),
+    Label("//tools/common:BUILD.bazel"),
+]
+_TOOL_FILES = [Label("//tools:__init__.py")]
+
+def _watch_python_sources(rctx):
+    """Watch every .py file of the tool packages (subdirectories too), but not the directory
+    listings (readdir(watch = "no")): `__pycache__` appearing after a plain `python3 -m
+    tools.fetch` run must not re-run every pin, and a new module only matters once an existing,
+    watched, module imports it."""
+    for label in _TOOL_FILES:
+        rctx.watch(rctx.path(label))
+    todo = [rctx.path(label).dirname for label in _TOOL_PACKAGES]
+    for _ in range(10000):  # Starlark has no while loop; the trees are small
+        if not todo:
+            break
+        directory = todo.pop()
+        for entry in directory.readdir(watch = "no"):
+            if entry.basename == "__pycache__":
+                continue
+            if entry.is_dir:
+                todo.append(entry)
+            elif entry.basename.endswith(".py"):
+                rctx.watch(entry)
+
 def _pinned_file_impl(rctx):
     python = rctx.os.environ.get("KIMI_K3_PYTHON", "") or "python3.11"
     workspace = rctx.path(rctx.attr._module_file).dirname
     rctx.file("pin.lock.json", rctx.attr.pin_json)
-    for src in rctx.attr._tool_srcs:
-        rctx.watch(rctx.path(src))
+    _watch_python_sources(rctx)
     out = "file/" + rctx.attr.filename
     args = [python, "-m", "tools.fetch", "fetch", "--lock", "pin.lock.json", "--pin", rctx.attr.pin, "--out", out]
     env = {"PYTHONPATH": str(workspace), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -46,12 +75,6 @@ _pinned_file = repository_rule(
         "pin_json": attr.string(mandatory = True),
         "filename": attr.string(mandatory = True),
         "_module_file": attr.label(default = "//:MODULE.bazel"),
-        "_tool_srcs": attr.label_list(default = [
-            "//tools/fetch:__init__.py",
-            "//tools/pins:lock.py",
-            "//tools/common:errors.py",
-            "//tools/common:hashing.py",
-        ]),
     },
     environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],
 )
@@ -125,7 +148,7 @@ def _hub_impl(rctx):
     # The lock's stack names and patch pins for BUILD files (the stack flag's values, the patch
     # gate's pin inputs), so that no BUILD file repeats them.
     rctx.file("stacks.bzl", "\n".join([
-        '"""Generated from third_party/pins.lock.json by third_party/pins.bzl; do not edit."""',
+        '"""Generated from third_party/pins.lock.json by tools/pins/private/pins.bzl; do not edit."""',
         "",
         "STACKS = %s" % repr(sorted(stacks.keys())),
         "",

@@ -1,0 +1,186 @@
+"""Where pinned bytes come from, in order: the cache, each mirror directory, each origin URL.
+
+A source with the wrong size or bytes is reported and skipped, and no source is read past the
+lock's size (+1 byte, to tell "too long"). Downloads stream into a temp file inside the cache
+while hashing, and enter the CAS only after the hash matched.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO, Sequence
+
+from tools.common.errors import UserError
+from tools.common.progress import Progress
+from tools.fetch.cache import Cache
+from tools.pins.lock import FilePin, Pin
+
+CHUNK = 1 << 20
+DOWNLOAD_ATTEMPTS = 2
+RETRY_DELAY_S = 1.0
+USER_AGENT = "kimi-k3-fetch/1"
+FILL_MIRROR_HINT = "python3 -m tools.fetch mirror --pin {pin} --mirror DIR"
+
+
+def mirror_dirs(flags: Sequence[str]) -> list[Path]:
+    """--mirror flags first, then $KIMI_K3_MIRROR (colon-separated), each once."""
+    env = [p for p in os.environ.get("KIMI_K3_MIRROR", "").split(":") if p]
+    return [Path(p) for p in dict.fromkeys([*flags, *env])]
+
+
+class SourceFailed(Exception):
+    """A source could not deliver (absent, unreachable, truncated, wrong bytes): try the next one.
+    `transient` failures (dropped connection, timeout) are worth one more attempt; `corrupt`
+    ones (the source has the file, but wrong bytes or a wrong size) are reported as they happen."""
+
+    def __init__(self, message: str, *, transient: bool = False, corrupt: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.corrupt = corrupt
+
+
+def evict_command(pin: Pin) -> str:
+    return f"python3 -m tools.fetch evict --pin {pin.name}"
+
+
+def hash_mismatch(expected: str, actual: str, source: str) -> SourceFailed:
+    # Not fatal by itself: a later mirror or the origin may hold the right bytes.
+    return SourceFailed(f"{source}: sha256 mismatch: expected {expected}, actual {actual}", corrupt=True)
+
+
+def note_failure(pin_name: str, error: SourceFailed, failures: list[str]) -> bool:
+    """Record a failed source for the final error; a corrupt one is also reported now, since the
+    fetch may still succeed from the next source. Returns whether it was corrupt."""
+    failures.append(str(error))
+    if error.corrupt:
+        print(f"fetch {pin_name}: warning: {error}; skipping this source", file=sys.stderr, flush=True)
+    return error.corrupt
+
+
+def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress,
+                         limit: int | None = None) -> tuple[str, int]:
+    """Copy `src` to `dst` hashing on the way; returns (sha256 hex, byte count). With `limit`
+    (the lock's size) it stops after limit + 1 bytes: an endless or oversized body then costs
+    one byte more than the pin, not the disk, and the count says it was too long."""
+    digest = hashlib.sha256()
+    size = 0
+    while True:
+        want = CHUNK if limit is None else min(CHUNK, limit + 1 - size)
+        if want <= 0:
+            break
+        chunk = src.read(want)
+        if not chunk:
+            break
+        digest.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+        progress.advance(len(chunk))
+    dst.flush()
+    os.fsync(dst.fileno())
+    return digest.hexdigest(), size
+
+
+def check_size(expected: int | None, actual: int, source: str) -> None:
+    if expected is None or actual == expected:
+        return
+    if actual > expected:  # copy_stream_verified stopped at expected + 1
+        raise SourceFailed(f"{source}: more than {expected} bytes, the lock's size (stopped reading; wrong file)",
+                           corrupt=True)
+    raise SourceFailed(f"{source}: got {actual} bytes, the lock says {expected} (truncated or wrong file)",
+                       corrupt=True)
+
+
+def from_mirror_file(cache: Cache, key: str, name: str, sha256: str, size: int | None, path: Path) -> Path:
+    if not path.is_file():
+        raise SourceFailed(f"mirror {path.parent}: no {path.name}")
+    source = f"mirror file {path}"
+    on_disk = path.stat().st_size
+    if size is not None and on_disk != size:
+        raise SourceFailed(f"{source}: {on_disk} bytes, the lock says {size} (truncated or wrong file)", corrupt=True)
+    with cache.temp_file(key) as (tmp, out), open(path, "rb") as src:
+        progress = Progress(f"fetch {name}", on_disk)
+        actual, got = copy_stream_verified(src, out, progress, size)
+        check_size(size, got, source)
+        if actual != sha256:
+            raise hash_mismatch(sha256, actual, source)
+        progress.finish(f"copied from {path}:")
+        return cache.commit(tmp, sha256)
+
+
+def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, url: str, timeout: float) -> Path:
+    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+    with cache.temp_file(key) as (tmp, out):
+        try:
+            # urlopen honours the https_proxy/no_proxy environment like every urllib client.
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                announced = response.headers.get("Content-Length")
+                if size is not None and announced and announced.isdigit() and int(announced) > size:
+                    # Refused before the body: it cannot be the pinned file.
+                    raise SourceFailed(f"{url}: Content-Length {announced} is more than {size} bytes, the lock's "
+                                       "size (wrong file; not downloaded)", corrupt=True)
+                total = int(announced) if announced and announced.isdigit() else size
+                progress = Progress(f"fetch {name}", total)
+                actual, got = copy_stream_verified(response, out, progress, size)
+        except urllib.error.HTTPError as e:
+            raise SourceFailed(f"{url}: HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            refused = isinstance(reason, (ConnectionRefusedError, socket.gaierror))
+            raise SourceFailed(f"{url}: {reason}", transient=not refused) from None
+        # http.client returns a short body as a clean EOF, so compare with Content-Length here:
+        # a dropped connection must read as "truncated", not as a (misleading) hash mismatch.
+        if announced and announced.isdigit() and got != int(announced):
+            raise SourceFailed(f"{url}: connection closed after {got} of {announced} bytes", transient=True)
+        check_size(size, got, url)
+        if actual != sha256:
+            raise hash_mismatch(sha256, actual, url)
+        progress.finish(f"downloaded from {url}:")
+        return cache.commit(tmp, sha256)
+
+
+def unavailable(pin: Pin, failures: Sequence[str], corrupt: bool = False) -> UserError:
+    tried = "; ".join(failures) if failures else "no mirror and no origin URL"
+    bad = ("; a source served wrong bytes: fix or remove it, or if every source agrees the lock is wrong "
+           "(re-pin with `python3 -m tools.pins.pypi add-pypi` or `python3 -m tools.fetch add-git-diff`)"
+           ) if corrupt else ""
+    return UserError(f"pin '{pin.name}': no source delivered it ({tried}){bad}; check the network/proxy, or fill a "
+                     f"mirror on a connected host with `{FILL_MIRROR_HINT.format(pin=pin.name)}` and pass "
+                     "--mirror DIR or KIMI_K3_MIRROR=DIR")
+
+
+def fetch_file_pin(pin: FilePin, cache: Cache, mirrors: Sequence[Path], timeout: float) -> Path:
+    what = f"pin '{pin.name}'"
+    hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+    if hit:
+        return hit
+    with cache.locked(pin.sha256):
+        # Another process may have filled the entry while we waited for the lock.
+        hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+        if hit:
+            return hit
+        cache.clean_stale_temps(pin.sha256)
+        failures: list[str] = []
+        corrupt = False
+        for mirror in mirrors:
+            try:
+                return from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, pin.size, mirror / pin.filename)
+            except SourceFailed as e:
+                corrupt |= note_failure(pin.name, e, failures)
+        for url in pin.urls:
+            for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+                try:
+                    return from_url(cache, pin.sha256, pin.name, pin.sha256, pin.size, url, timeout)
+                except SourceFailed as e:
+                    if not e.transient or attempt == DOWNLOAD_ATTEMPTS:
+                        corrupt |= note_failure(pin.name, e, failures)
+                        break
+                    print(f"fetch {pin.name}: {e}; retrying (attempt {attempt + 1}/{DOWNLOAD_ATTEMPTS})",
+                          file=sys.stderr, flush=True)
+                    time.sleep(RETRY_DELAY_S)
+        raise unavailable(pin, failures, corrupt)
