@@ -28,7 +28,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tools import kernel_cache as kc
+from tools.kernel_cache.actions import CACHE_JSON_NAME
+from tools.kernel_cache.modules import VARIANTS
+from tools.kernel_cache.plan import make_plan
+from tools.kernel_cache.toolchain import default_extra_roots, load_toolchain
+from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT
 from tools.common.errors import UserError, run_cli
 
 
@@ -49,8 +53,8 @@ def timed_build(args: argparse.Namespace, variant: str, cache_dir: Path, out: Pa
     if os.waitstatus_to_exitcode(status) != 0:
         raise UserError(f"build {variant} failed (exit {os.waitstatus_to_exitcode(status)}); "
                         "see output above")
-    data = json.loads((out / kc.AOT_SUBDIR / kc.CACHE_JSON_NAME).read_text())
-    size = sum((out / kc.AOT_SUBDIR / m["path"]).stat().st_size for m in data["modules"].values())
+    data = json.loads((out / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    size = sum((out / AOT_SUBDIR / m["path"]).stat().st_size for m in data["modules"].values())
     return {"secs": secs, "peak_rss_mb": usage.ru_maxrss / 1024, "so_mb": size / 2**20,
             "objects": sum(m["objects"] for m in data["modules"].values())}
 
@@ -77,11 +81,11 @@ def bazel_bench(output_root: Path | None, flags: Sequence[str]) -> int:
         env["KIMI_K3_BAZEL_OUTPUT_ROOT"] = str(output_root.absolute())
     rows = []
     for name, extra in _BAZEL_RUNS:
-        cmd = [str(kc.REPO_ROOT / "tools" / "bazel"), "build", "//kernel_cache:sm120_cache",
+        cmd = [str(REPO_ROOT / "tools" / "bazel"), "build", "//kernel_cache:sm120_cache",
                *flags, *extra]
         print(f"bench: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=kc.REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
         secs = time.monotonic() - t0
         sys.stderr.write(proc.stderr[-2000:])
         if proc.returncode != 0:
@@ -106,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bazel_bench(a.output_root, flags)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flashinfer-tree", type=Path, required=True)
-    ap.add_argument("--modules", type=Path, default=kc.REPO_ROOT / "kernel_cache" / "modules.json")
+    ap.add_argument("--modules", type=Path, default=REPO_ROOT / "kernel_cache" / "modules.json")
     ap.add_argument("--arch", default="12.0f")
     ap.add_argument("--cuda-home")
     ap.add_argument("-j", "--jobs", type=int, default=2)
@@ -116,12 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="object counts only, no compiling")
     args = ap.parse_args(argv)
 
-    tc = kc.load_toolchain(args.cuda_home, kc.default_extra_roots())
+    tc = load_toolchain(args.cuda_home, default_extra_roots())
     print(f"toolchain: nvcc {tc.nvcc_version_text} at {tc.cuda_home}; arch {args.arch}; "
           f"-j {args.jobs}", file=sys.stderr)
     rows: list[tuple[str, dict]] = []
-    for variant in kc.VARIANTS:
-        plan = kc.make_plan(args.flashinfer_tree, args.modules, args.arch, variant, tc)
+    for variant in VARIANTS:
+        plan = make_plan(args.flashinfer_tree, args.modules, args.arch, variant, tc)
         mods = [m for m in plan["modules"] if not args.only or m["name"] in args.only]
         counts = {m["name"]: len(m["objects"]) for m in mods}
         print(f"{variant}: {sum(counts.values())} objects {counts}", file=sys.stderr)
@@ -132,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(cache, ignore_errors=True)
         rows.append((f"cold {variant}", timed_build(args, variant, cache, args.work / f"out-{variant}")))
     if not args.dry_run:
-        last = kc.VARIANTS[-1]
+        last = VARIANTS[-1]
         rows.append((f"warm {last}", timed_build(args, last, args.work / f"cache-{last}",
                                                  args.work / f"out-{last}-warm")))
     print(f"{'run':<12} {'objects':>8} {'seconds':>9} {'peak RSS MB':>12} {'.so MB':>8}")

@@ -92,7 +92,7 @@ MODULES_JSON = Path(__file__).absolute().parents[2] / "kernel_cache" / "modules.
 def declared_modules(modules_json: Path, arch: str) -> list[str]:
     """The modules kernel_cache/modules.json declares for `arch` (the cache's arch_list): what
     //kernel_cache builds for it and the image ships."""
-    from tools.kernel_cache import load_modules
+    from tools.kernel_cache.modules import load_modules
 
     return sorted(d.name for d in load_modules(modules_json) if d.applies_to(arch))
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -21,8 +23,18 @@ from typing import Any, Iterator
 
 import pytest
 
-from tools import kernel_cache as kc
+import tools.kernel_cache.build as kc_build
 from tools.common.errors import UserError
+from tools.kernel_cache.actions import CACHE_JSON_NAME, Fill, compile_one, link_spec, object_spec
+from tools.kernel_cache.build import object_key, record_path
+from tools.kernel_cache.cli import main, parser
+from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, make_plan,
+                                     moe_instantiations, parse_ninja, parse_only, read_plan,
+                                     render_plan, select_modules)
+from tools.kernel_cache.toolchain import (default_extra_roots, in_root, load_toolchain, os_release,
+                                          resolve_host_root)
+from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT, flashinfer_source_digest
+from tools.kernel_cache.verify import check_elf, find_cuobjdump, verify
 
 MARKER = "kimi-k3 kernel cache test patch"
 MARKED_FILE = "flashinfer/data/include/flashinfer/activation.cuh"
@@ -70,11 +82,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     modules = _write_modules(base / "modules.json", [SILU])
     # Under Bazel's sealed root the compilers run chrooted into the host root (KIMI_K3_HOST_ROOT,
     # see tools/kernel_cache DEFAULT_HOST_ROOT); by hand on the host they run directly.
-    tc = kc.load_toolchain(cuda_home, kc.default_extra_roots(),
-                           os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
+    tc = load_toolchain(cuda_home, default_extra_roots(),
+                        os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
     out, cache = base / "out", base / "cache"
-    kc.build(patched, modules, "12.0f", "full", out, 1, cache, tc, 16000, 10)
-    plan = kc.make_plan(patched, modules, "12.0f", "full", tc)
+    kc_build.build(patched, modules, "12.0f", "full", out, 1, cache, tc, 16000, 10)
+    plan = make_plan(patched, modules, "12.0f", "full", tc)
     yield {"base": base, "unpatched": unpatched, "patched": patched, "modules": modules,
            "tc": tc, "out": out, "cache": cache, "cuda_home": cuda_home, "plan": plan}
     tempfile.tempdir = saved_tempdir
@@ -83,14 +95,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def test_parse_ninja_expands_variables_and_continuations() -> None:
     text = ("a = x $\n    y\nb = ${a}-z $$HOME\nrule r\n  command = cc $b -c $in -o $out\n"
             "build o.o: r s.c\n")
-    (b,) = kc.parse_ninja(text)
+    (b,) = parse_ninja(text)
     assert (b.rule, b.inputs, b.outputs) == ("r", ["s.c"], ["o.o"])
     assert b.command == "cc x y-z $HOME -c s.c -o o.o"
 
 
 def test_plan_is_host_independent_and_round_trips(env: dict[str, Any], tmp_path: Path) -> None:
     plan = env["plan"]
-    text = kc.render_plan(plan)
+    text = render_plan(plan)
     for host_path in (str(env["base"]), env["cuda_home"], sys.prefix):
         assert host_path not in text
     (m,) = plan["modules"]
@@ -99,8 +111,8 @@ def test_plan_is_host_independent_and_round_trips(env: dict[str, Any], tmp_path:
     assert "-gencode=arch=compute_120f,code=sm_120f" in obj["args"]
     path = tmp_path / "plan.bzl"
     path.write_text(text)
-    assert kc.read_plan(path) == plan
-    assert kc.describe_drift(kc.read_plan(path), plan) is None
+    assert read_plan(path) == plan
+    assert describe_drift(read_plan(path), plan) is None
 
 
 def test_plan_drift_is_named(env: dict[str, Any], tmp_path: Path) -> None:
@@ -108,11 +120,11 @@ def test_plan_drift_is_named(env: dict[str, Any], tmp_path: Path) -> None:
     obj = plan["modules"][0]["objects"][0]
     obj["args"] = [a.replace("-O3", "-O2") for a in obj["args"]]
     path = tmp_path / "plan.bzl"
-    path.write_text(kc.render_plan(plan))
+    path.write_text(render_plan(plan))
     with pytest.raises(UserError, match=r"module silu_and_mul object .*command differs.*-O3"):
-        kc.main(["plan", "--check", "--flashinfer-tree", str(env["patched"]), "--modules",
-                 str(env["modules"]), "--arch", "12.0f", "--variant", "full", "--cuda-home",
-                 env["cuda_home"], "--out", str(path)])
+        main(["plan", "--check", "--flashinfer-tree", str(env["patched"]), "--modules",
+              str(env["modules"]), "--arch", "12.0f", "--variant", "full", "--cuda-home",
+              env["cuda_home"], "--out", str(path)])
 
 
 @pytest.mark.parametrize("plan_name", ["plan_120f_full.bzl", "plan_120f_lean.bzl",
@@ -122,136 +134,136 @@ def test_checked_in_plan_matches_flashinfer(env: dict[str, Any], plan_name: str)
     contents, not commands, so the wheel (markers not enforced) gives the same plan apart from
     the source digest; the digest itself is checked against the patch gate's tree by
     `kernel_cache.py plan --check`, `build --plan` and gen-sources."""
-    checked_in = kc.read_plan(kc.REPO_ROOT / "kernel_cache" / plan_name)
-    fresh = kc.make_plan(env["unpatched"], kc.REPO_ROOT / "kernel_cache" / "modules.json",
-                         checked_in["arch"], checked_in["variant"], env["tc"],
-                         enforce_markers=False)
+    checked_in = read_plan(REPO_ROOT / "kernel_cache" / plan_name)
+    fresh = make_plan(env["unpatched"], REPO_ROOT / "kernel_cache" / "modules.json",
+                      checked_in["arch"], checked_in["variant"], env["tc"],
+                      enforce_markers=False)
     for plan in (checked_in, fresh):
         plan["patched_source_digest"] = plan["source_markers"] = None
-    assert kc.describe_drift(checked_in, fresh) is None
+    assert describe_drift(checked_in, fresh) is None
 
 
 def test_unpatched_tree_is_refused_before_building(env: dict[str, Any]) -> None:
     with pytest.raises(UserError, match=r"lacks .* required by module silu_and_mul"):
-        kc.make_plan(env["unpatched"], env["modules"], "12.0f", "full", env["tc"])
+        make_plan(env["unpatched"], env["modules"], "12.0f", "full", env["tc"])
 
 
 def test_built_module_has_sm120_code_and_resolves_without_jit(env: dict[str, Any]) -> None:
-    report = kc.verify(env["out"], env["patched"], env["modules"], sys.executable, env["tc"],
-                       None, require_load=True, driver_stub=False)
+    report = verify(env["out"], env["patched"], env["modules"], sys.executable, env["tc"],
+                    None, require_load=True, driver_stub=False)
     r = report["modules"]["silu_and_mul"]
     assert r["elf"] == ["sm_120"]
     assert r["is_aot"] and r["aot_path"].endswith("flashinfer/data/aot/silu_and_mul/silu_and_mul.so")
     assert r["jit_refused"], "FLASHINFER_DISABLE_JIT=1 must refuse to compile"
     assert r["loaded"], r["load_error"]
-    data = json.loads((env["out"] / kc.AOT_SUBDIR / kc.CACHE_JSON_NAME).read_text())
+    data = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     assert data["arch_list"] == "12.0f"
     assert data["toolchain"]["nvcc_version"].startswith(env["tc"].nvcc_release)
-    assert data["patched_source_digest"] == kc.flashinfer_source_digest(env["patched"])
+    assert data["patched_source_digest"] == flashinfer_source_digest(env["patched"])
 
 
 def test_wrong_arch_fails_the_elf_check(env: dict[str, Any]) -> None:
-    so = env["out"] / kc.AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
-    objdump = kc.find_cuobjdump(env["tc"], None)
+    so = env["out"] / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
+    objdump = find_cuobjdump(env["tc"], None)
     with pytest.raises(UserError, match=r"device code for \['sm_120'\], expected \['sm_90a'\]"):
-        kc.check_elf(objdump, so, "9.0a")
+        check_elf(objdump, so, "9.0a")
 
 
 def test_cache_for_another_arch_is_refused(env: dict[str, Any]) -> None:
     with pytest.raises(UserError, match="built for arch 12.0f, required 9.0a"):
-        kc.verify(env["out"], env["patched"], None, sys.executable, env["tc"], None, True, False,
-                  arch="9.0a")
+        verify(env["out"], env["patched"], None, sys.executable, env["tc"], None, True, False,
+               arch="9.0a")
 
 
 def test_cache_from_other_sources_is_refused(env: dict[str, Any]) -> None:
     with pytest.raises(UserError, match="stale or unpatched cache"):
-        kc.verify(env["out"], env["unpatched"], None, sys.executable, env["tc"], None, True, False)
+        verify(env["out"], env["unpatched"], None, sys.executable, env["tc"], None, True, False)
 
 
 def test_missing_module_is_named(env: dict[str, Any]) -> None:
     modules = _write_modules(env["base"] / "two.json", [SILU, {
         "name": "norm", "generator": "flashinfer.jit.norm:gen_norm_module"}])
     with pytest.raises(UserError, match="module norm .* is missing"):
-        kc.verify(env["out"], env["patched"], modules, sys.executable, env["tc"], None, True, False)
+        verify(env["out"], env["patched"], modules, sys.executable, env["tc"], None, True, False)
 
 
 def test_altered_module_is_refused(env: dict[str, Any], tmp_path: Path) -> None:
     copy = tmp_path / "cache"
     shutil.copytree(env["out"], copy)
-    so = copy / kc.AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
+    so = copy / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
     data = bytearray(so.read_bytes())
     data[-1] ^= 1
     so.write_bytes(bytes(data))
     with pytest.raises(UserError, match="sha256 differs"):
-        kc.verify(copy, env["patched"], None, sys.executable, env["tc"], None, True, False)
+        verify(copy, env["patched"], None, sys.executable, env["tc"], None, True, False)
 
 
 def test_object_key_is_stable_and_sensitive(env: dict[str, Any]) -> None:
     tc_digest = env["tc"].digest()
     plan = env["plan"]
-    again = kc.make_plan(env["patched"], env["modules"], "12.0f", "full", env["tc"])
+    again = make_plan(env["patched"], env["modules"], "12.0f", "full", env["tc"])
     m, m2 = plan["modules"][0], again["modules"][0]
-    key = kc.object_key(plan, m, m["objects"][0], tc_digest)
-    assert key == kc.object_key(again, m2, m2["objects"][0], tc_digest)
+    key = object_key(plan, m, m["objects"][0], tc_digest)
+    assert key == object_key(again, m2, m2["objects"][0], tc_digest)
     flag = dict(m["objects"][0], args=m["objects"][0]["args"] + ["-DKIMI_EXTRA"])
-    assert kc.object_key(plan, m, flag, tc_digest) != key
-    assert kc.object_key(plan, m, m["objects"][0], "0" * 64) != key
+    assert object_key(plan, m, flag, tc_digest) != key
+    assert object_key(plan, m, m["objects"][0], "0" * 64) != key
     header = env["patched"] / "flashinfer/data/include/flashinfer/vec_dtypes.cuh"
     original = header.read_bytes()
     try:  # one byte of one header, restored afterwards (the tree is shared by the module)
         header.write_bytes(original.replace(b"\n", b" \n", 1))
-        changed_digest = kc.flashinfer_source_digest(env["patched"])
+        changed_digest = flashinfer_source_digest(env["patched"])
     finally:
         header.write_bytes(original)
     # The plan's source digest is this function of the tree; one changed byte changes the key.
     changed = dict(plan, patched_source_digest=changed_digest)
     assert changed["patched_source_digest"] != plan["patched_source_digest"]
-    assert kc.object_key(changed, m, m["objects"][0], tc_digest) != key
+    assert object_key(changed, m, m["objects"][0], tc_digest) != key
 
 
 def test_warm_rebuild_compiles_nothing(env: dict[str, Any], capsys: pytest.CaptureFixture[str],
                                        tmp_path: Path) -> None:
-    kc.build(env["patched"], env["modules"], "12.0f", "full", tmp_path / "out", 1, env["cache"],
-             env["tc"], 16000, 10)
+    kc_build.build(env["patched"], env["modules"], "12.0f", "full", tmp_path / "out", 1,
+                   env["cache"], env["tc"], 16000, 10)
     assert "1 cached, 0 to compile" in capsys.readouterr().err
-    a = (env["out"] / kc.AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
-    b = (tmp_path / "out" / kc.AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
+    a = (env["out"] / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
+    b = (tmp_path / "out" / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
     assert a == b
 
 
 def test_bazel_action_chain_gives_the_same_module(env: dict[str, Any], tmp_path: Path) -> None:
     """gen-sources -> compile-object -> link-module -> assemble, as defs.bzl runs them."""
     plan_file = tmp_path / "plan.bzl"
-    plan_file.write_text(kc.render_plan(env["plan"]))
+    plan_file.write_text(render_plan(env["plan"]))
     common = ["--cuda-home", env["cuda_home"]]
     tree = ["--flashinfer-tree", str(env["patched"])]
     gen, objs = tmp_path / "gen", tmp_path / "objs"
-    assert kc.main(["gen-sources", *common, *tree, "--plan", str(plan_file), "--modules",
-                    str(env["modules"]), "--module", "silu_and_mul", "--out", str(gen)]) == 0
+    assert main(["gen-sources", *common, *tree, "--plan", str(plan_file), "--modules",
+                 str(env["modules"]), "--module", "silu_and_mul", "--out", str(gen)]) == 0
     (obj,) = env["plan"]["modules"][0]["objects"]
     # defs.bzl hands compile and link actions their own entry, not the plan file.
-    obj_spec, link_spec = tmp_path / "obj.json", tmp_path / "link.json"
-    obj_spec.write_text(json.dumps(kc.object_spec(env["plan"], "silu_and_mul", obj["out"])))
-    link_spec.write_text(json.dumps(kc.link_spec(env["plan"], "silu_and_mul")))
-    assert kc.main(["compile-object", *common, *tree, "--spec", str(obj_spec), "--gen-dir",
-                    str(gen), "--out", str(objs / obj["out"])]) == 0
+    obj_spec_file, link_spec_file = tmp_path / "obj.json", tmp_path / "link.json"
+    obj_spec_file.write_text(json.dumps(object_spec(env["plan"], "silu_and_mul", obj["out"])))
+    link_spec_file.write_text(json.dumps(link_spec(env["plan"], "silu_and_mul")))
+    assert main(["compile-object", *common, *tree, "--spec", str(obj_spec_file), "--gen-dir",
+                 str(gen), "--out", str(objs / obj["out"])]) == 0
     so = tmp_path / "silu_and_mul.so"
-    assert kc.main(["link-module", *common, "--spec", str(link_spec), "--objects-dir", str(objs),
-                    "--out", str(so)]) == 0
+    assert main(["link-module", *common, "--spec", str(link_spec_file), "--objects-dir", str(objs),
+                 "--out", str(so)]) == 0
     # The same object through --plan/--module/--object (the CLI for people) is the same bytes.
     again = tmp_path / "again.o"
-    assert kc.main(["compile-object", *common, *tree, "--plan", str(plan_file), "--module",
-                    "silu_and_mul", "--object", obj["out"], "--gen-dir", str(gen), "--out",
-                    str(again)]) == 0
+    assert main(["compile-object", *common, *tree, "--plan", str(plan_file), "--module",
+                 "silu_and_mul", "--object", obj["out"], "--gen-dir", str(gen), "--out",
+                 str(again)]) == 0
     assert again.read_bytes() == (objs / obj["out"]).read_bytes()
     with pytest.raises(UserError, match="not a link spec"):
-        kc.main(["link-module", *common, "--spec", str(obj_spec), "--objects-dir", str(objs),
-                 "--out", str(tmp_path / "x.so")])
+        main(["link-module", *common, "--spec", str(obj_spec_file), "--objects-dir", str(objs),
+              "--out", str(tmp_path / "x.so")])
     out = tmp_path / "aot"
-    assert kc.main(["assemble", *common, "--plan", str(plan_file), "--module-so",
-                    f"silu_and_mul={so}", "--out", str(out)]) == 0
-    built = json.loads((env["out"] / kc.AOT_SUBDIR / kc.CACHE_JSON_NAME).read_text())
-    chained = json.loads((out / kc.AOT_SUBDIR / kc.CACHE_JSON_NAME).read_text())
+    assert main(["assemble", *common, "--plan", str(plan_file), "--module-so",
+                 f"silu_and_mul={so}", "--out", str(out)]) == 0
+    built = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    chained = json.loads((out / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     assert chained["modules"]["silu_and_mul"]["sha256"] == built["modules"]["silu_and_mul"]["sha256"]
     assert chained == built
 
@@ -275,45 +287,45 @@ def test_object_bytes_do_not_depend_on_where_the_tree_lives(env: dict[str, Any],
         tree.mkdir()
         (tree / "k.cu").write_text(INTERNAL_SYMBOL_SOURCE)
         out = tmp_path / f"{where}.o"
-        kc.compile_one({"name": "t"}, obj, kc.Fill(tree, Path("/nonexistent"), env["tc"]), out, 0)
+        compile_one({"name": "t"}, obj, Fill(tree, Path("/nonexistent"), env["tc"]), out, 0)
         outs.append(out.read_bytes())
     assert b"_INTERNAL_" in outs[0], "the fixture must produce an internal-linkage device symbol"
     assert outs[0] == outs[1]
 
 
 def test_host_root_settings(tmp_path: Path) -> None:
-    assert kc.resolve_host_root("none") is None
-    assert kc.resolve_host_root("/") is None
+    assert resolve_host_root("none") is None
+    assert resolve_host_root("/") is None
     with pytest.raises(UserError, match=r"--host-root .*: no bin/sh there"):
-        kc.resolve_host_root(str(tmp_path))
+        resolve_host_root(str(tmp_path))
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "sh").touch()
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "os-release").write_text('PRETTY_NAME="Fixture OS 1"\n')
-    root = kc.resolve_host_root(str(tmp_path))
+    root = resolve_host_root(str(tmp_path))
     assert root == tmp_path
-    argv = kc.in_root(root, ["nvcc", "--version"])
+    argv = in_root(root, ["nvcc", "--version"])
     assert argv[:2] == ["chroot", str(tmp_path)] and argv[-2:] == ["nvcc", "--version"]
-    assert kc.os_release(root) == "Fixture OS 1"
+    assert os_release(root) == "Fixture OS 1"
 
 
 def test_only_selects_modules_and_names_typos(env: dict[str, Any]) -> None:
-    assert kc.parse_only(["norm,silu_and_mul", "norm"]) == ["norm", "silu_and_mul"]
+    assert parse_only(["norm,silu_and_mul", "norm"]) == ["norm", "silu_and_mul"]
     plan = env["plan"]
-    assert kc.select_modules(plan, ["silu_and_mul"])["object_count"] == 1
+    assert select_modules(plan, ["silu_and_mul"])["object_count"] == 1
     with pytest.raises(UserError, match=r"--only silu_and_mull: not in the plan"):
-        kc.select_modules(plan, ["silu_and_mull"])
+        select_modules(plan, ["silu_and_mull"])
 
 
 def test_plan_file_is_starlark_with_booleans(tmp_path: Path) -> None:
     """Plans are loaded by Bazel: booleans (use_fast_build) must be True/False, not JSON's."""
-    plan = {"schema_version": kc.PLAN_SCHEMA, "kwargs": {"use_fast_build": False},
+    plan = {"schema_version": PLAN_SCHEMA, "kwargs": {"use_fast_build": False},
             "none": None, "list": [1, "a\\b\"c"], "empty": {}}
-    text = kc.render_plan(plan)
+    text = render_plan(plan)
     assert "False" in text and "None" in text and "false" not in text
     path = tmp_path / "p.bzl"
     path.write_text(text)
-    assert kc.read_plan(path) == plan
+    assert read_plan(path) == plan
 
 
 def test_lean_build_keeps_every_cuda_object_of_fused_moe_120(env: dict[str, Any]) -> None:
@@ -324,9 +336,9 @@ def test_lean_build_keeps_every_cuda_object_of_fused_moe_120(env: dict[str, Any]
         "generator": "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module",
         "variant_kwargs": {"lean": {"use_fast_build": True}, "full": {"use_fast_build": False}}}])
     gen = env["base"] / "moe-gen"
-    lean = kc.make_plan(env["patched"], moe, "12.0f", "lean", env["tc"],
-                        gen_out=gen)["modules"][0]
-    full = kc.make_plan(env["patched"], moe, "12.0f", "full", env["tc"])["modules"][0]
+    lean = make_plan(env["patched"], moe, "12.0f", "lean", env["tc"],
+                     gen_out=gen)["modules"][0]
+    full = make_plan(env["patched"], moe, "12.0f", "full", env["tc"])["modules"][0]
     assert [o["out"] for o in lean["objects"]] == [o["out"] for o in full["objects"]]
     assert lean["gen_digest"] == full["gen_digest"]
     for lo, fo in zip(lean["objects"], full["objects"]):
@@ -334,20 +346,20 @@ def test_lean_build_keeps_every_cuda_object_of_fused_moe_120(env: dict[str, Any]
             assert lo == fo
         else:
             assert [a for a in lo["args"] if a != "-DFAST_BUILD"] == fo["args"]
-    found = kc.moe_instantiations(gen / "fused_moe_120")
+    found = moe_instantiations(gen / "fused_moe_120")
     assert any(i.startswith("Sm120, __nv_fp8_e4m3, SafeFP4,") for i in found), found[:3]
 
 
 def test_lean_and_full_share_the_bazel_keys_of_every_cuda_object() -> None:
     """Bazel's compile action reads only its object's spec, so an object whose spec is the same
     in two plans is one cached action: lean after full recompiles only the 6 host C++ objects."""
-    plans = {v: kc.read_plan(kc.REPO_ROOT / "kernel_cache" / f"plan_120f_{v}.bzl")
+    plans = {v: read_plan(REPO_ROOT / "kernel_cache" / f"plan_120f_{v}.bzl")
              for v in ("lean", "full")}
     differ = []
     for m in plans["full"]["modules"]:
         for o in m["objects"]:
-            if (kc.object_spec(plans["lean"], m["name"], o["out"])
-                    != kc.object_spec(plans["full"], m["name"], o["out"])):
+            if (object_spec(plans["lean"], m["name"], o["out"])
+                    != object_spec(plans["full"], m["name"], o["out"])):
                 differ.append((m["name"], o["kind"]))
     assert differ and all(kind != "cuda" for _, kind in differ), differ
     assert len(differ) == 6, differ
@@ -356,11 +368,11 @@ def test_lean_and_full_share_the_bazel_keys_of_every_cuda_object() -> None:
 def test_memory_hints_follow_the_arch() -> None:
     """SM90 GEMMs are guarded off (small) for 12.0f but real code for 9.0a."""
     name = "90_cutlass_kernel_file_gemm_grouped_sm90_M128_Mixed_group4.generated.cuda.o"
-    assert kc._mem_hint(name, "12.0f") == 1500
-    assert kc._mem_hint(name, "9.0a") == 4000
-    assert kc._mem_hint("120_cutlass_kernel_file_gemm_grouped_sm120_M128_BS_group0.generated.cuda.o",
-                        "12.0f") == 9000
-    plan = kc.read_plan(kc.REPO_ROOT / "kernel_cache" / "plan_90a_full.bzl")
+    assert _mem_hint(name, "12.0f") == 1500
+    assert _mem_hint(name, "9.0a") == 4000
+    assert _mem_hint("120_cutlass_kernel_file_gemm_grouped_sm120_M128_BS_group0.generated.cuda.o",
+                     "12.0f") == 9000
+    plan = read_plan(REPO_ROOT / "kernel_cache" / "plan_90a_full.bzl")
     moe = next(m for m in plan["modules"] if m["name"] == "fused_moe_90")
     assert sum(o["mem_mb"] == 4000 for o in moe["objects"]) >= 210
 
@@ -389,7 +401,7 @@ def _fake_tree(root: Path) -> Path:
 
 @pytest.fixture
 def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
-    """kc.build with make_plan/compile/link/stubs replaced: each compile reads the module's
+    """build() with make_plan/compile/link/stubs replaced: each compile reads the module's
     generated source from this run's gen dir, as nvcc does."""
     state: dict[str, Any] = {"compiles": 0, "links": 0, "during_compile": None,
                              "tree": _fake_tree(tmp_path / "tree"), "cache": tmp_path / "cache",
@@ -402,7 +414,7 @@ def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any
         (gen_out / "m" / "gen.cu").write_text("generated source\n")
         obj = {"out": "m.cuda.o", "src": "@GEN@/gen.cu", "kind": "cuda", "mem_mb": 1,
                "args": ["nvcc", "@INPUT@"]}
-        return {"schema_version": kc.PLAN_SCHEMA, "flashinfer_version": "0", "arch": arch,
+        return {"schema_version": PLAN_SCHEMA, "flashinfer_version": "0", "arch": arch,
                 "variant": variant, "patched_source_digest": "d" * 64, "nvcc_release": "13.0",
                 "source_markers": [], "object_count": 1,
                 "modules": [{"name": "m", "generator": "g:f", "kwargs": {}, "gen_digest": "g",
@@ -429,12 +441,12 @@ def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any
 
     for name, fn in (("make_plan", make_plan), ("compile_one", compile_one),
                      ("link_one", link_one), ("write_cuda_stubs", write_cuda_stubs)):
-        monkeypatch.setattr(kc, name, fn)
+        monkeypatch.setattr(kc_build, name, fn)
 
     def run(out: Path, modules: Path | None = None) -> bytes:
-        kc.build(state["tree"], modules or state["modules"], "12.0f", "full", out, 1,
-                 state["cache"], _FakeToolchain(), 1000, 0)  # type: ignore[arg-type]
-        return (out / kc.AOT_SUBDIR / "m" / "m.so").read_bytes()
+        kc_build.build(state["tree"], modules or state["modules"], "12.0f", "full", out, 1,
+                       state["cache"], _FakeToolchain(), 1000, 0)  # type: ignore[arg-type]
+        return (out / AOT_SUBDIR / "m" / "m.so").read_bytes()
 
     state["run"] = run
     return state
@@ -460,9 +472,9 @@ def test_build_rebuilds_truncated_cached_object_and_module(
     assert f"cached {so.name}:" in err
 
     # Same size, other bytes; and a file whose record is gone: rebuilt too.
-    assert kc.record_path(obj).is_file() and kc.record_path(so).is_file()
+    assert record_path(obj).is_file() and record_path(so).is_file()
     so.write_bytes(b"X" * so.stat().st_size)
-    kc.record_path(obj).unlink()
+    record_path(obj).unlink()
     assert fake_build["run"](tmp_path / "out4") == good
     assert (fake_build["compiles"], fake_build["links"]) == (3, 3)
     err = capsys.readouterr().err
@@ -488,6 +500,51 @@ def test_build_leaves_other_runs_generated_sources_alone(fake_build: dict[str, A
     # content-addressed objects and modules stay.
     assert list((fake_build["cache"] / "gen").iterdir()) == []
     assert sorted(p.name for p in fake_build["cache"].iterdir()) == ["gen", "modules", "objects"]
+
+
+def test_build_progress_line_per_compiled_object(fake_build: dict[str, Any], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """One line per compiled object, in the format people and the bench read."""
+    fake_build["run"](tmp_path / "out")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if " objects  " in ln]
+    assert len(lines) == 1, lines
+    assert re.fullmatch(r"\[kernel_cache\] 1/1 objects  m/m\.cuda\.o \d+\.\ds  elapsed \d+s  "
+                        r"ETA 0s", lines[0]), lines[0]
+
+
+def test_default_cache_dir_is_under_the_shared_cache_root(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    args = ["build", "--flashinfer-tree", "t", "--modules", "m", "--out", "o"]
+    monkeypatch.setenv("KIMI_K3_CACHE", str(tmp_path / "root"))
+    assert parser().parse_args(args).cache_dir == tmp_path / "root" / "kernels"
+    monkeypatch.delenv("KIMI_K3_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert parser().parse_args(args).cache_dir == tmp_path / "xdg" / "kimi-k3-build" / "kernels"
+
+
+@pytest.mark.parametrize("plan_name", ["plan_120f_full.bzl", "plan_120f_lean.bzl",
+                                       "plan_90a_full.bzl"])
+def test_checked_in_plan_is_byte_for_byte_what_the_tool_writes(plan_name: str) -> None:
+    """Header included: it names the generator, so a plan left from an older tool shows here."""
+    path = REPO_ROOT / "kernel_cache" / plan_name
+    assert render_plan(read_plan(path)) == path.read_text()
+    assert path.read_text().startswith("# Generated by `python3 -m tools.kernel_cache plan`")
+
+
+def test_bazel_actions_do_not_import_build_or_verify() -> None:
+    """The Bazel actions' tool (//tools/kernel_cache:actions, the inputs of every compile action)
+    leaves build.py and verify.py out: `python -m tools.kernel_cache` must not import them
+    unless their subcommand runs, or an action would miss them (and an edit to them would have
+    to invalidate every compiled object)."""
+    code = ("import sys, runpy; sys.argv = ['kernel_cache', 'cuda-stubs', '--help']\n"
+            "try:\n    runpy.run_module('tools.kernel_cache', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tools.kernel_cache')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    loaded = json.loads(out.strip().splitlines()[-1].replace("'", '"'))
+    assert "tools.kernel_cache.cli" in loaded, loaded
+    assert "tools.kernel_cache.build" not in loaded and "tools.kernel_cache.verify" not in loaded, loaded
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`//kernel_cache:verify`: `kernel_cache.py verify` on the Bazel-built SM120 cache.
+"""`//tests/cpu/kernel_cache:verify`: `python3 -m tools.kernel_cache verify` on the Bazel-built
+SM120 cache.
 
 Checks the cache against the patch gate's tree: source digest, #4460 source markers, every
 declared module present (or the --//kernel_cache:only subset the cache was built with),
@@ -16,27 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from tools import kernel_cache as kc
-
-
-def _env_path(var: str) -> Path:
-    value = os.environ.get(var)
-    if not value:
-        pytest.fail(f"{var} is unset: run this through Bazel (bazel test //kernel_cache:verify)")
-    return Path(value)
+from tests.cpu.conftest import env_path
+from tools.kernel_cache.actions import CACHE_JSON_NAME
+from tools.kernel_cache.toolchain import default_extra_roots, load_toolchain
+from tools.kernel_cache.tree import AOT_SUBDIR
+from tools.kernel_cache.verify import verify
 
 
 def test_built_cache_verifies(tmp_path: Path) -> None:
     tempfile.tempdir = str(tmp_path)
-    cache = _env_path("KIMI_KC_CACHE")
-    only = [n for n in _env_path("KIMI_KC_ONLY_FILE").read_text().strip().split(",") if n]
-    tc = kc.load_toolchain(str(_env_path("KIMI_CUDA_HOME")), kc.default_extra_roots(),
-                           os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
-    report = kc.verify(cache, _env_path("KIMI_FLASHINFER_TREE"), _env_path("KIMI_KC_MODULES"),
-                       sys.executable, tc, None, require_load=True, driver_stub=True,
-                       arch="12.0f", only=only)
+    cache = env_path("KIMI_KC_CACHE")
+    only = [n for n in env_path("KIMI_KC_ONLY_FILE").read_text().strip().split(",") if n]
+    tc = load_toolchain(str(env_path("KIMI_CUDA_HOME")), default_extra_roots(),
+                        os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
+    report = verify(cache, env_path("KIMI_FLASHINFER_TREE"), env_path("KIMI_KC_MODULES"),
+                    sys.executable, tc, None, require_load=True, driver_stub=True,
+                    arch="12.0f", only=only)
     print(json.dumps(report, indent=1, sort_keys=True))
-    built = json.loads((cache / kc.AOT_SUBDIR / kc.CACHE_JSON_NAME).read_text())
+    built = json.loads((cache / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     if only:
         assert sorted(built["modules"]) == sorted(only)
     for name, r in report["modules"].items():
@@ -45,6 +43,4 @@ def test_built_cache_verifies(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    # Per-case JUnit for bazel-testlogs (XML_OUTPUT_FILE), like the CPU suite's conftest.
-    xml = os.environ.get("XML_OUTPUT_FILE")
-    sys.exit(pytest.main([__file__, "-v"] + ([f"--junitxml={xml}"] if xml else [])))
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,45 +1,7 @@
-"""Thin Bazel rules over tools/kernel_cache: one action per FlashInfer object.
-
-    flashinfer_kernel_cache(name, arch = None)
-
-builds the AOT layout `<name>_aot/flashinfer/data/aot/<module>/<module>.so` + kernel_cache.json
-from the patch gate's tree (`//flashinfer_patches:flashinfer_tree`, output group `tree`). The
-checked-in plan (kernel_cache/plan_<arch>_<variant>.bzl) is picked by the build settings
-`//kernel_cache:arch` (12.0f | 9.0a; fixed when `arch` is given) and `//kernel_cache:variant`
-(full | lean), so every object is known at analysis time. Action graph:
-
-    gen-sources (per module with generated sources)
-      -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel never
-         runs two ~9 GB SM120 grouped-GEMM compiles at once on a 24 GB host)
-      -> link-module (per module) -> assemble (AOT layout + kernel_cache.json)
-
-Each object is its own cached action, so an interrupted build resumes with every finished
-object, and `--//kernel_cache:only=silu_and_mul,norm` builds a subset (the plan's other modules
-are simply not wired).
-
-Toolchain: `--//kernel_cache:cuda_home` (default /usr/local/cuda) is the CUDA root; compilers
-run chrooted into `--//kernel_cache:host_root` (default `auto`: /run/kimi-k3-host when
-tools/bazel mounted the host there, see tools/kernel_cache DEFAULT_HOST_ROOT for why), hence
-`no-sandbox` on compile and link actions (chroot needs the real execroot). The nvcc release must
-equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cache.json.
-"""
+"""The flashinfer_kernel_cache rule and macro (see //tools/kernel_cache:defs.bzl)."""
 
 load("@bazel_skylib//rules:common_settings.bzl", "BuildSettingInfo")
-
-ARCHS = {"12.0f": "120f", "9.0a": "90a"}
-
-VARIANTS = ["full", "lean"]
-
-# tools/kernel_cache SPEC_SCHEMA: the spec files' format version (//kernel_cache:plan_check
-# checks that these files equal the tool's object_spec/link_spec).
-SPEC_SCHEMA = 1
-
-# Checked-in plans: (arch, variant) -> plan file. 9.0a lean is not planned (no Hopper use).
-PLAN_FILES = {
-    ("12.0f", "full"): "plan_120f_full.bzl",
-    ("12.0f", "lean"): "plan_120f_lean.bzl",
-    ("9.0a", "full"): "plan_90a_full.bzl",
-}
+load(":constants.bzl", "ARCHS", "SPEC_SCHEMA")
 
 def _res_9g(_os, _inputs):
     return {"cpu": 1, "memory": 9000}
@@ -58,7 +20,7 @@ def _res_1500m(_os, _inputs):
 
 def _resources(mem_mb):
     # resource_set must name a top-level function of (os, inputs_size): one per memory class of
-    # tools/kernel_cache _MEM_HINTS_MB (the next class up for anything in between).
+    # tools/kernel_cache/plan.py _MEM_HINTS_MB (the next class up for anything in between).
     if mem_mb > 7500:
         return _res_9g
     if mem_mb > 4000:
@@ -76,9 +38,10 @@ def _kernel_cache_impl(ctx):
     plan = json.decode(ctx.attr.plan_json)
     tree = ctx.attr.flashinfer_tree[OutputGroupInfo].tree.to_list()[0]
     py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
-    # Only the files the tool imports: an edit elsewhere in tools/ must not invalidate hours of
-    # compiled objects (every action's key includes these inputs).
-    tool_files = depset(ctx.files._tool_srcs)
+    # The sources of the tool's py_library (//tools/kernel_cache:actions and its deps), nothing
+    # else: an edit elsewhere in tools/ (or to the non-Bazel build, verify) must not invalidate
+    # hours of compiled objects (every action's key includes these inputs).
+    tool_files = ctx.attr._tool[DefaultInfo].default_runfiles.files
     cuda_home = _setting(ctx.attr._cuda_home)
     host_root = _setting(ctx.attr._host_root)
     only = sorted({n.strip(): None for v in _setting(ctx.attr._only) for n in v.split(",") if n.strip()}.keys())
@@ -105,7 +68,7 @@ def _kernel_cache_impl(ctx):
     plan_file = ctx.file.plan_file
     # The toolchain fingerprint (nvcc, host compilers) is in every action's key. The plan file is
     # not: compile and link actions read their own entry (a spec file written below, same fields
-    # as tools/kernel_cache object_spec/link_spec), so lean and full share identical objects
+    # as tools/kernel_cache/actions.py object_spec/link_spec), so lean and full share identical objects
     # and a regenerated plan recompiles only the objects whose command changed.
     base_inputs = depset([ctx.file._toolchain_fingerprint], transitive = [tool_files])
 
@@ -237,7 +200,7 @@ def _kernel_cache_impl(ctx):
             aot = depset([out_dir]),
             only = depset([subset]),
             modules = depset(module_sos),
-            # For :plan_check, which compares them with tools/kernel_cache object_spec/link_spec.
+            # For spec_check, which compares them with tools/kernel_cache/actions.py object_spec/link_spec.
             specs = depset(specs),
         ),
     ]
@@ -253,10 +216,7 @@ _kernel_cache = rule(
         "_host_root": attr.label(default = "//kernel_cache:host_root"),
         "_only": attr.label(default = "//kernel_cache:only"),
         "_toolchain_fingerprint": attr.label(allow_single_file = True, default = "@kimi_cuda_toolchain//:fingerprint.txt"),
-        "_tool_srcs": attr.label_list(
-            allow_files = True,
-            default = ["//tools:__init__.py", "//tools/common:hashing.py", "//tools/common:errors.py", "//tools/kernel_cache:__init__.py"],
-        ),
+        "_tool": attr.label(default = "//tools/kernel_cache:actions", providers = [PyInfo]),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
 )
@@ -291,19 +251,3 @@ def flashinfer_kernel_cache(name, plans, arch = None, flashinfer_tree = "//flash
         flashinfer_tree = flashinfer_tree,
         **kwargs
     )
-
-def _settings_vars_impl(ctx):
-    # Make variables for test env: $(KIMI_CUDA_HOME), $(KIMI_K3_HOST_ROOT).
-    return [platform_common.TemplateVariableInfo({
-        "KIMI_CUDA_HOME": _setting(ctx.attr._cuda_home),
-        "KIMI_K3_HOST_ROOT": _setting(ctx.attr._host_root),
-    })]
-
-kernel_cache_settings_vars = rule(
-    implementation = _settings_vars_impl,
-    attrs = {
-        "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),
-        "_host_root": attr.label(default = "//kernel_cache:host_root"),
-    },
-    doc = "The toolchain build settings as Make variables, for py_test env (toolchains = [...]).",
-)

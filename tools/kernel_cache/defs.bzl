@@ -1,0 +1,46 @@
+"""Thin Bazel rules over tools/kernel_cache (all logic is in the Python tool; internals in private/):
+one action per FlashInfer object.
+
+    flashinfer_kernel_cache(name, arch = None)
+
+builds the AOT layout `<name>_aot/flashinfer/data/aot/<module>/<module>.so` + kernel_cache.json
+from the patch gate's tree (`//flashinfer_patches:flashinfer_tree`, output group `tree`). The
+checked-in plan (kernel_cache/plan_<arch>_<variant>.bzl) is picked by the build settings
+`//kernel_cache:arch` (12.0f | 9.0a; fixed when `arch` is given) and `//kernel_cache:variant`
+(full | lean), so every object is known at analysis time. Action graph:
+
+    gen-sources (per module with generated sources)
+      -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel never
+         runs two ~9 GB SM120 grouped-GEMM compiles at once on a 24 GB host)
+      -> link-module (per module) -> assemble (AOT layout + kernel_cache.json)
+
+Each object is its own cached action, so an interrupted build resumes with every finished
+object, and `--//kernel_cache:only=silu_and_mul,norm` builds a subset (the plan's other modules
+are simply not wired).
+
+Toolchain: `--//kernel_cache:cuda_home` (default /usr/local/cuda) is the CUDA root; compilers
+run chrooted into `--//kernel_cache:host_root` (default `auto`: /run/kimi-k3-host when
+tools/bazel mounted the host there, see tools/kernel_cache/toolchain.py DEFAULT_HOST_ROOT for why), hence
+`no-sandbox` on compile and link actions (chroot needs the real execroot). The nvcc release must
+equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cache.json.
+
+Every action's tool inputs are the sources of the py_library //tools/kernel_cache:actions (and its
+deps), so only an edit to what the actions run invalidates compiled objects.
+
+    kernel_cache_settings_vars(name)
+
+the toolchain build settings as Make variables $(KIMI_CUDA_HOME), $(KIMI_K3_HOST_ROOT) for a test's
+env (toolchains = [...]). ARCHS, VARIANTS, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's BUILD
+file declares its settings and plans from.
+"""
+
+load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _PLAN_FILES = "PLAN_FILES", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
+load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache")
+load("//tools/kernel_cache/private:settings_vars.bzl", _kernel_cache_settings_vars = "kernel_cache_settings_vars")
+
+ARCHS = _ARCHS
+PLAN_FILES = _PLAN_FILES
+SPEC_SCHEMA = _SPEC_SCHEMA
+VARIANTS = _VARIANTS
+flashinfer_kernel_cache = _flashinfer_kernel_cache
+kernel_cache_settings_vars = _kernel_cache_settings_vars
