@@ -1,8 +1,9 @@
 """Count test cases from bazel-testlogs for .ci/run and print `N passed, N failed` last.
 
-Each test target of the pattern (test_suites under tests/cpu expand to tests in other packages,
-e.g. //kernel_cache:spec_check, whose report is bazel-testlogs/kernel_cache/spec_check/test.xml)
-writes pytest's JUnit XML to Bazel's test.xml. A target without a report (build failure, crash
+Each test target of the pattern writes pytest's JUnit XML to Bazel's test.xml, e.g.
+//tests/cpu/kernel_cache:spec_check -> bazel-testlogs/tests/cpu/kernel_cache/spec_check/test.xml
+(a test_suite under tests/cpu may expand to a test in another package, such as
+//sglang_patches:check -> bazel-testlogs/sglang_patches/check/test.xml). A target without a report (build failure, crash
 before pytest started) counts as one failure, so nothing is lost.
 """
 from __future__ import annotations
@@ -20,7 +21,11 @@ def main() -> int:
     ap.add_argument("--elapsed", type=int, default=0)
     ap.add_argument("--pattern", default="//tests/cpu/...")
     args = ap.parse_args()
-    q = subprocess.run(["tools/bazel", "query", f"tests({args.pattern}) except attr(tags, gpu, tests({args.pattern}))"],
+    # Exactly the targets `bazel test PATTERN` runs: a wildcard skips `manual` targets, and
+    # .bazelrc's --test_tag_filters=-gpu drops GPU tests (a stale report of either must not count).
+    everything = f"tests({args.pattern})"
+    skipped_kinds = f"attr(tags, '\\bmanual\\b', {everything}) + attr(tags, '\\bgpu\\b', {everything})"
+    q = subprocess.run(["tools/bazel", "query", f"{everything} except ({skipped_kinds})"],
                        capture_output=True, text=True)
     targets = [t for t in q.stdout.split() if t.startswith("//")]
     passed = failed = skipped = 0

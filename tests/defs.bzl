@@ -17,7 +17,7 @@ def _pytest_test(name, srcs, artifacts, data, deps, env, tags, size, conftest, *
         srcs = srcs,
         main = srcs[0],
         data = data + list(artifacts.values()),
-        deps = deps + [conftest, "//tools"],
+        deps = deps + [conftest],
         env = env | _artifact_env(artifacts) if artifacts else env,
         tags = tags,
         size = size,
