@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gate-manifest", action="append", default=[])
     p.add_argument("--push", action="store_true")
     p.add_argument("--repository")
-    p.add_argument("--smoke", action="store_true", help="run tools/image/smoke.py --profile kimi-k3")
+    p.add_argument("--smoke", action="store_true", help="run python3 -m tools.image.smoke --profile kimi-k3")
     args = p.parse_args(argv)
     if not args.base_tar and not args.base_layout:
         raise UserError("--base-tar/--base-layout: give the base (tools/image/rootfs.py debian or pull)")
