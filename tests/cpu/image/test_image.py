@@ -740,7 +740,8 @@ def test_entrypoint_execs_sglang_otherwise(tmp_path: Path, args: list[str], env:
 
 # ---------------------------------------------------------------- SBOM
 
-def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
+def tiny_sbom_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """A two-pin lock with stack `tiny` and a gate manifest of two patches, for SBOM tests."""
     lock = tmp_path / "pins.lock.json"
     lock.write_text(json.dumps({"schema_version": 1, "pins": {
         "tiny-1.0": {"kind": "file", "package": {"name": "tiny", "version": "1.0"}, "filename": "tiny-1.0-py3-none-any.whl",
@@ -752,6 +753,11 @@ def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
     gate.write_text(json.dumps({"series": "s.series", "target": {"pin": "tinysg-2.0"}, "patches": [
         {"entry": "0001-fix.patch", "sha256": "c" * 64, "state": "applies"},
         {"entry": "0002-old.patch", "sha256": "d" * 64, "state": "already upstream"}]}))
+    return lock, gate
+
+
+def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
+    lock, gate = tiny_sbom_inputs(tmp_path)
     outs = []
     for name in ("a.json", "b.json"):
         argv = ["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate), "--out", str(tmp_path / name)]
@@ -796,17 +802,7 @@ PUBLISHED_DESCRIPTOR_SHA256 = "d2e319f79364968a21054aec8ecc663ae71e3e37b5ada35dd
 
 
 def test_sbom_and_layer_bytes_are_those_of_the_published_tools(tmp_path: Path) -> None:
-    lock = tmp_path / "pins.lock.json"
-    lock.write_text(json.dumps({"schema_version": 1, "pins": {
-        "tiny-1.0": {"kind": "file", "package": {"name": "tiny", "version": "1.0"}, "filename": "tiny-1.0-py3-none-any.whl",
-                     "urls": ["https://files.pythonhosted.org/tiny-1.0-py3-none-any.whl"], "sha256": "a" * 64},
-        "tinysg-2.0": {"kind": "file", "package": {"name": "tinysg", "version": "2.0"}, "filename": "tinysg-2.0-py3-none-any.whl",
-                       "urls": ["https://files.pythonhosted.org/tinysg-2.0-py3-none-any.whl"], "sha256": "b" * 64}},
-        "stacks": {"tiny": {"description": "t", "sglang": "tinysg-2.0", "flashinfer": "tiny-1.0"}}}))
-    gate = tmp_path / "gate.json"
-    gate.write_text(json.dumps({"series": "s.series", "target": {"pin": "tinysg-2.0"}, "patches": [
-        {"entry": "0001-fix.patch", "sha256": "c" * 64, "state": "applies"},
-        {"entry": "0002-old.patch", "sha256": "d" * 64, "state": "already upstream"}]}))
+    lock, gate = tiny_sbom_inputs(tmp_path)
     assert sbom.main(["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate),
                       "--out", str(tmp_path / "sbom.json"), "--source-date-epoch", "1700000000"]) == 0
     # Files, an executable, a hard link, a symlink, a --file with a mode; uncompressed, so the
