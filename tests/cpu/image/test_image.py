@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 import urllib.request
@@ -855,83 +856,213 @@ def copy_with_libs(exe: str, root: Path, dest: str) -> None:
         shutil.copy2(os.path.realpath(lib), target)
 
 
-def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
-    """tools/bazel passes KIMI_K3_*/PIP_* values into the sealed root through the environment of
-    its nsenter/bash/chroot/env chain, never as arguments: /proc/PID/cmdline is world-readable.
+def host_root_prefix() -> str:
+    """HOST_ROOT where this test runs inside the sealed root (the host's files are there), else ""."""
+    # A bind mount of the same file system: os.path.ismount cannot tell, mountinfo can.
+    in_sealed_root = any(line.split()[4] == str(HOST_ROOT) for line in open("/proc/self/mountinfo"))
+    return str(HOST_ROOT) if in_sealed_root else ""
+
+
+class StandInRoot:
+    """A stand-in sealed root under base that tools/bazel (`info release`) runs against.
 
     Every command the launcher runs is found on PATH; each is a shim here that appends its argv
     (what /proc/PID/cmdline shows for that process) to a log, then execs the real command. The
     sealed root is a stand-in: /bin/sh, an argv-logging /usr/bin/env and a /usr/bin/bazel that
-    records its arguments and environment. The secrets must reach that bazel and appear in no argv.
+    records its arguments and environment. python: the interpreter the launcher uses
+    (KIMI_K3_PYTHON); by default a stand-in that prints a tmp dir as its prefix. The launcher's
+    namespace holder lives on between run() calls (as it does for real) until close().
     """
-    password, pip_secret = "sentinel-pw-" + os.urandom(8).hex(), "sentinel-pip-" + os.urandom(8).hex()
-    cache, out_root, roots = tmp_path / "cache", tmp_path / "out", tmp_path / "roots"
-    cache.mkdir()
-    log, bazel_env, bazel_args = cache / "argv.log", cache / "bazel.env", cache / "bazel.args"
-    root = roots / sealed_root_key()
-    for d in ("etc/ssl/certs", "proc", "sys", "dev"):
-        (root / d).mkdir(parents=True)
-    (root / ".kimi-k3-complete").touch()
-    copy_with_libs("/bin/sh", root, "/bin/sh")
-    copy_with_libs(shutil.which("env") or "/usr/bin/env", root, "/usr/bin/env.real")
-    (root / "usr/bin/env").write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
-                                      'exec /usr/bin/env.real "$@"\n')
-    (root / "usr/bin/bazel").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$PWD\" \"$@\" >{bazel_args}\n"
-                                        f"/usr/bin/env.real -0 >{bazel_env}\n")
-    for f in ("usr/bin/env", "usr/bin/bazel"):
-        (root / f).chmod(0o755)
-    # The interpreter's prefix is bind-mounted into the root: a stand-in whose prefix is a tmp dir.
-    fake_py = tmp_path / "py" / "bin" / "python3.11"
-    fake_py.parent.mkdir(parents=True)
-    fake_py.write_text(f"#!/bin/sh\necho {tmp_path / 'py'}\n")
-    fake_py.chmod(0o755)
-    # A bind mount of the same file system: os.path.ismount cannot tell, mountinfo can.
-    in_sealed_root = any(line.split()[4] == str(HOST_ROOT) for line in open("/proc/self/mountinfo"))
-    where = str(HOST_ROOT) if in_sealed_root else ""
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    for d in LAUNCHER_PATH.split(":"):
-        if not os.path.isdir(where + d):
-            continue
-        for name in os.listdir(where + d):
-            real = os.path.join(d, name)
-            # sleep: the namespace holder runs `exec -a NAME sleep`, and a shim would lose NAME.
-            if name == "sleep" or (shims / name).exists() or not os.access(where + real, os.X_OK) \
-                    or os.path.isdir(where + real):
+
+    def __init__(self, base: Path, python: str | None = None) -> None:
+        self.base = base
+        self.cache, self.out_root, self.roots = base / "cache", base / "out", base / "roots"
+        self.root = self.roots / sealed_root_key()
+        self.log = self.cache / "argv.log"
+        self.bazel_env, self.bazel_args = self.cache / "bazel.env", self.cache / "bazel.args"
+        self.fake_py = base / "py" / "bin" / "python3.11"
+        self.holder_pid_file = self.roots / f"{self.root.name}.mntns.pid"
+        self.proc: subprocess.CompletedProcess | None = None
+        self.cache.mkdir(parents=True)
+        root, log = self.root, self.log
+        for d in ("etc/ssl/certs", "proc", "sys", "dev"):
+            (root / d).mkdir(parents=True)
+        (root / ".kimi-k3-complete").touch()
+        copy_with_libs("/bin/sh", root, "/bin/sh")
+        copy_with_libs(shutil.which("env") or "/usr/bin/env", root, "/usr/bin/env.real")
+        (root / "usr/bin/env").write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                          'exec /usr/bin/env.real "$@"\n')
+        (root / "usr/bin/bazel").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$PWD\" \"$@\" >{self.bazel_args}\n"
+                                            f"/usr/bin/env.real -0 >{self.bazel_env}\n")
+        for f in ("usr/bin/env", "usr/bin/bazel"):
+            (root / f).chmod(0o755)
+        if python is None:
+            # The interpreter's prefix is bind-mounted into the root: a stand-in whose prefix is a tmp dir.
+            self.fake_py.parent.mkdir(parents=True)
+            self.fake_py.write_text(f"#!/bin/sh\necho {base / 'py'}\n")
+            self.fake_py.chmod(0o755)
+            python = str(self.fake_py)
+        self.python = python
+        self.where = host_root_prefix()
+        self.shims = base / "shims"
+        self.shims.mkdir()
+        for d in LAUNCHER_PATH.split(":"):
+            if not os.path.isdir(self.where + d):
                 continue
-            (shims / name).write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
-                                      f'exec {real} "$@"\n')
-            (shims / name).chmod(0o755)
-    env = {"PATH": f"{shims}:{LAUNCHER_PATH}", "HOME": str(tmp_path / "home"), "UNLISTED_VAR": "dropped",
-           "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(roots),
-           "KIMI_K3_CACHE": str(cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
-           "KIMI_K3_PYTHON": str(fake_py), "KIMI_K3_REGISTRY_USERNAME": "alice",
-           "KIMI_K3_REGISTRY_PASSWORD": password, "PIP_INDEX_URL": f"https://bob:{pip_secret}@pypi.example/simple"}
-    holder_pid_file = roots / f"{root.name}.mntns.pid"
-    try:
+            for name in os.listdir(self.where + d):
+                real = os.path.join(d, name)
+                # sleep: the namespace holder runs `exec -a NAME sleep`, and a shim would lose NAME.
+                if name == "sleep" or (self.shims / name).exists() or not os.access(self.where + real, os.X_OK) \
+                        or os.path.isdir(self.where + real):
+                    continue
+                (self.shims / name).write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
+                                               f'exec {real} "$@"\n')
+                (self.shims / name).chmod(0o755)
+
+    def run(self, env: dict[str, str]) -> subprocess.CompletedProcess:
+        env = {"PATH": f"{self.shims}:{LAUNCHER_PATH}", "HOME": str(self.base / "home"),
+               "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(self.roots),
+               "KIMI_K3_CACHE": str(self.cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(self.out_root),
+               "KIMI_K3_PYTHON": self.python, **env}
         command = [str(LAUNCHER), "info", "release"]
-        if in_sealed_root:
-            command = [shutil.which("chroot") or "/usr/sbin/chroot", str(HOST_ROOT), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(cache), *command]
-        proc = subprocess.run(command, cwd=cache, env=env, timeout=120,
+        if self.where:
+            command = [shutil.which("chroot") or "/usr/sbin/chroot", self.where, "/bin/sh", "-c", 'cd "$0" && exec "$@"',
+                       str(self.cache), *command]
+        proc = subprocess.run(command, cwd=self.cache, env=env, timeout=120,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.returncode == 0, proc.stderr
+        return proc
+
+    def close(self) -> None:
+        if self.holder_pid_file.is_file():  # the launcher's namespace holder for this stand-in root
+            os.kill(int(self.holder_pid_file.read_text()), signal.SIGKILL)
+
+    def binds(self) -> set[str]:
+        """The host paths the launcher bound at their own path (from the logged `mount --rbind`s)."""
+        got = set()
+        for line in self.log.read_text().splitlines():
+            words = line.split()
+            if len(words) >= 4 and words[0].endswith("/mount") and words[1] == "--rbind" \
+                    and words[3] == f"{self.root}{words[2]}" and words[2] not in ("/sys", "/dev"):
+                got.add(words[2])
+        return got
+
+    def seen_inside(self, path: Path) -> str | None:
+        """path's text as the sealed root sees it now (through the holder's mount namespace), None
+        when nothing is bound there."""
+        # Through nsenter, not /proc/PID/root: when this test runs in the sealed root, the holder is
+        # chrooted into HOST_ROOT while the launcher mounts relative to its namespace's own root.
+        pid = self.holder_pid_file.read_text().strip()
+        proc = subprocess.run([shutil.which("nsenter") or "/usr/bin/nsenter", "--mount", "--target", pid,
+                               "sh", "-c", 'mountpoint -q "$0" && cat "$0"', f"{self.root}{path}"],
+                              stdout=subprocess.PIPE, text=True, timeout=30)
+        return proc.stdout if proc.returncode == 0 else None
+
+
+def run_launcher_in_stand_in_root(base: Path, env: dict[str, str], python: str | None = None) -> StandInRoot:
+    """One launcher run against a fresh stand-in root (its holder gone afterwards)."""
+    stand_in = StandInRoot(base, python)
+    try:
+        stand_in.proc = stand_in.run(env)
     finally:
-        if holder_pid_file.is_file():  # the launcher's namespace holder for this stand-in root
-            os.kill(int(holder_pid_file.read_text()), signal.SIGKILL)
-    argv_log = log.read_text()
+        stand_in.close()
+    return stand_in
+
+
+def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
+    """tools/bazel passes KIMI_K3_*/PIP_* values into the sealed root through the environment of
+    its nsenter/bash/chroot/env chain, never as arguments: /proc/PID/cmdline is world-readable.
+    The secrets must reach the stand-in root's bazel and appear in no argv.
+    """
+    password, pip_secret = "sentinel-pw-" + os.urandom(8).hex(), "sentinel-pip-" + os.urandom(8).hex()
+    env = {"UNLISTED_VAR": "dropped", "KIMI_K3_REGISTRY_USERNAME": "alice", "KIMI_K3_REGISTRY_PASSWORD": password,
+           "PIP_INDEX_URL": f"https://bob:{pip_secret}@pypi.example/simple"}
+    run = run_launcher_in_stand_in_root(tmp_path, env)
+    cache, out_root = run.cache, run.out_root
+    argv_log = run.log.read_text()
     for command in ("nsenter", "bash", "/usr/bin/env"):  # the chain really went through the shims
         assert f"{command} " in argv_log, argv_log
     assert password not in argv_log and pip_secret not in argv_log, "a secret was on a command line"
-    assert bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}", "info", "release"]
-    got = dict(kv.split("=", 1) for kv in bazel_env.read_text().split("\0") if kv)
+    assert run.bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}", "info", "release"]
+    got = dict(kv.split("=", 1) for kv in run.bazel_env.read_text().split("\0") if kv)
     assert got.pop("KIMI_K3_REGISTRY_PASSWORD") == password
     assert got.pop("PIP_INDEX_URL") == env["PIP_INDEX_URL"]
     assert got == {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   "LANG": "C.UTF-8", "TERM": "dumb", "PWD": str(cache), "OLDPWD": "/", "KIMI_K3_PYTHON": str(fake_py),
+                   "LANG": "C.UTF-8", "TERM": "dumb", "PWD": str(cache), "OLDPWD": "/", "KIMI_K3_PYTHON": str(run.fake_py),
                    "KIMI_K3_CACHE": str(cache), "KIMI_K3_FORCE_SEALED_ROOT": "1",
-                   "KIMI_K3_SEALED_ROOT_DIR": str(roots), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
+                   "KIMI_K3_SEALED_ROOT_DIR": str(run.roots), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
                    "KIMI_K3_REGISTRY_USERNAME": "alice"}
 
+
+def test_bazel_launcher_binds_what_the_pip_configuration_names(tmp_path: Path) -> None:
+    """The pip-related binds into the sealed root come from the user's pip configuration (the
+    config files pip reads and the local paths they and the PIP_* variables name), not from a
+    fixed list of one machine's directories.
+
+    Two runs with the real interpreter (so real pip lists the config files): a baseline without a
+    pip config of the test's own, and one with PIP_CONFIG_FILE (a pip.conf naming find-links, a
+    file:// index, a constraints file, a missing path and an https index with a password) and
+    PIP_FIND_LINKS (and PIP_PREFIX=/usr, a system directory never bound over the root's own).
+    The second run binds exactly the first run's paths plus the config file and the local paths
+    it and PIP_FIND_LINKS name, and no value appears in the launcher's output.
+    XDG_CONFIG_DIRS and HOME point at empty tmp dirs, so only /etc/pip.conf (always read by pip)
+    is left of this machine's own configuration, in both runs alike.
+    """
+    python = os.path.realpath(sys.executable)
+    secret = "sentinel-pip-" + os.urandom(8).hex()
+    cfg = tmp_path / "cfg"
+    for d in ("links", "pypi/simple", "envlinks", "xdg"):
+        (cfg / d).mkdir(parents=True)
+    (cfg / "constraints.txt").write_text("torch<=2.14.1\n")
+    conf = cfg / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = {cfg / 'links'}\nindex-url = file://{cfg / 'pypi/simple'}\n"
+                    f"extra-index-url = https://bob:{secret}@pypi.example/simple\n"
+                    f"constraint = {cfg / 'constraints.txt'}\n[install]\nsrc = {cfg / 'missing'}\n")
+    os.utime(conf, (1_000_000_000, 1_000_000_000))  # binding it must not touch the user's file
+    common = {"HOME": str(cfg / "home"), "XDG_CONFIG_DIRS": str(cfg / "xdg")}
+    base = run_launcher_in_stand_in_root(tmp_path / "base", common, python)
+    run = run_launcher_in_stand_in_root(tmp_path / "conf", {**common, "PIP_CONFIG_FILE": str(conf),
+                                                             "PIP_FIND_LINKS": str(cfg / "envlinks"),
+                                                             "PIP_PREFIX": "/usr"}, python)
+    assert run.binds() - {str(run.cache), str(run.out_root)} == \
+        base.binds() - {str(base.cache), str(base.out_root)} | \
+        {str(conf), str(cfg / "links"), str(cfg / "pypi"), str(cfg / "constraints.txt"), str(cfg / "envlinks")}
+    for proc in (base.proc, run.proc):
+        assert secret not in proc.stdout + proc.stderr
+    assert conf.stat().st_mtime == 1_000_000_000
+    etc_pip_conf = Path(host_root_prefix() + "/etc/pip.conf")
+    named = etc_pip_conf.read_text() if etc_pip_conf.is_file() else ""
+    for old in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip"):
+        if not re.search(re.escape(old) + r"(?![\w-])", named):
+            assert not [b for b in run.binds() if b == old or b.startswith(old + "/")], f"{old} bound, no pip setting names it"
+
+
+def test_bazel_launcher_follows_pip_config_edits_and_removal(tmp_path: Path) -> None:
+    """A config file bind pins the inode it was made from, and the launcher's mount namespace
+    outlives each command: a pip.conf since replaced (an editor saving by rename) is bound again,
+    and one since removed is unbound, so the sealed root never reads a stale pip configuration.
+
+    The file lies outside every directory the launcher binds (not under /tmp): there the kernel
+    itself drops a bind whose source is renamed over, so only such a file tests the launcher."""
+    where = host_root_prefix()
+    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-pipconf-", dir=where + "/var/tmp"))
+    conf = Path(str(outside / "pip.conf")[len(where):])  # the path as the launcher (host root) sees it
+    (outside / "pip.conf").write_text("[global]\ntimeout = 1\n")
+    env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg"), "PIP_CONFIG_FILE": str(conf)}
+    stand_in = StandInRoot(tmp_path / "stand-in", os.path.realpath(sys.executable))
+    try:
+        stand_in.run(env)
+        assert stand_in.seen_inside(conf) == "[global]\ntimeout = 1\n"
+        (outside / "pip.conf.new").write_text("[global]\ntimeout = 2\n")
+        os.replace(outside / "pip.conf.new", outside / "pip.conf")
+        stand_in.run(env)
+        assert stand_in.seen_inside(conf) == "[global]\ntimeout = 2\n"
+        (outside / "pip.conf").unlink()
+        stand_in.run(env)
+        assert stand_in.seen_inside(conf) is None
+    finally:
+        stand_in.close()
+        shutil.rmtree(outside)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
