@@ -25,6 +25,36 @@ _PIP_ENV = [
     "no_proxy",
 ]
 
+# sha256 of what the venv is made of: the lock's bytes, the interpreter's real path and version.
+_KEY_SCRIPT = """
+import hashlib, os, sys
+h = hashlib.sha256(b"kimi-k3-venv-v1\\0")
+h.update(open(sys.argv[1], "rb").read())
+h.update(("\\0%s\\0%s" % (os.path.realpath(sys.executable), sys.version)).encode())
+print(h.hexdigest()[:24])
+"""
+
+# Runs under `flock <venv>.lock`: reuse a complete venv, else build it afresh in place.
+_BUILD_SCRIPT = """
+import os, shutil, subprocess, sys
+venv, lock = sys.argv[1], sys.argv[2]
+marker = os.path.join(venv, ".kimi-k3-complete")
+if os.path.exists(marker) and os.path.exists(os.path.join(venv, "bin", "python3")):
+    sys.exit(0)
+shutil.rmtree(venv, ignore_errors=True)
+subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--require-hashes", "--no-deps",
+                "--only-binary=:all:", "--no-cache-dir", "-q", "-r", lock], check=True)
+open(marker, "w").close()
+"""
+
+def _cache_root(rctx):
+    """The shared artifact cache root (tools/common/cache.py; tools/bazel exports KIMI_K3_CACHE)."""
+    env = rctx.os.environ
+    if env.get("KIMI_K3_CACHE"):
+        return env["KIMI_K3_CACHE"]
+    return (env.get("XDG_CACHE_HOME") or (env.get("HOME", "") + "/.cache")) + "/kimi-k3-build"
+
 def _fail_on(result, what):
     if result.return_code != 0:
         fail("%s failed (exit %d):\n%s\n%s" % (what, result.return_code, result.stdout[-4000:], result.stderr[-4000:]))
@@ -43,32 +73,31 @@ def _venv_impl(rctx):
 
     lock = rctx.path(rctx.attr.requirements_lock)
     rctx.watch(lock)
-    venv = rctx.path("venv")
-    rctx.report_progress("creating venv with %s" % python)
-    _fail_on(rctx.execute([python, "-m", "venv", str(venv)], timeout = 600), "python -m venv")
+
+    # The venv lives outside Bazel's output base, at a path named by its content (the lock's
+    # bytes, the interpreter and its version): every action runs `<venv>/bin/python3` by its
+    # absolute path, and that path is part of the action key, so a venv inside the output base
+    # would make the keys of two checkouts (or two users) differ and no remote-cache entry would
+    # ever be shared. Same lock + same interpreter = same path = same keys.
+    key = rctx.execute([python, "-c", _KEY_SCRIPT, str(lock)])
+    _fail_on(key, "hashing %s" % rctx.attr.requirements_lock)
+    venvs = _cache_root(rctx) + "/venvs"
+    venv = "%s/%s-%s" % (venvs, rctx.attr.requirements_lock.name.removesuffix(".txt"), key.stdout.strip())
+    _fail_on(rctx.execute(["mkdir", "-p", venvs]), "mkdir -p " + venvs)
 
     env = {k: rctx.os.environ[k] for k in _PIP_ENV if k in rctx.os.environ}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    rctx.report_progress("pip install --require-hashes -r %s" % rctx.attr.requirements_lock.name)
+    rctx.report_progress("venv %s (pip install --require-hashes -r %s)" % (venv, rctx.attr.requirements_lock.name))
+
+    # Built once per key under a lock (concurrent first builds build it once); a venv counts
+    # only once its completion marker exists, so a killed build is redone, never used.
     _fail_on(rctx.execute(
-        [
-            str(venv) + "/bin/python",
-            "-m",
-            "pip",
-            "install",
-            "--require-hashes",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--no-cache-dir",
-            "-q",
-            "-r",
-            str(lock),
-        ],
+        ["flock", venv + ".lock", python, "-c", _BUILD_SCRIPT, venv, str(lock)],
         environment = env,
         timeout = 3600,
         quiet = False,
-    ), "pip install -r %s" % rctx.attr.requirements_lock)
+    ), "building the venv %s from %s" % (venv, rctx.attr.requirements_lock))
 
     rctx.file("BUILD.bazel", """\
 load("@rules_python//python:defs.bzl", "py_runtime", "py_runtime_pair")
@@ -96,11 +125,12 @@ toolchain(
 exports_files(["python_path.txt"])
 """.format(lock = rctx.attr.requirements_lock, venv = venv, base = python))
     rctx.file("python_path.txt", "%s/bin/python3\n" % venv)
+    rctx.symlink(venv, "venv")  # the familiar external/<repo>/venv path, for people
 
 _venv_repo = repository_rule(
     implementation = _venv_impl,
     attrs = {"requirements_lock": attr.label(allow_single_file = True)},
-    environ = ["KIMI_K3_PYTHON"] + _PIP_ENV,
+    environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE"] + _PIP_ENV,
 )
 
 def _python_venv_impl(mctx):
