@@ -919,7 +919,7 @@ class StandInRoot:
                                                f'exec {real} "$@"\n')
                 (self.shims / name).chmod(0o755)
 
-    def run(self, env: dict[str, str]) -> subprocess.CompletedProcess:
+    def run(self, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
         env = {"PATH": f"{self.shims}:{LAUNCHER_PATH}", "HOME": str(self.base / "home"),
                "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(self.roots),
                "KIMI_K3_CACHE": str(self.cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(self.out_root),
@@ -930,7 +930,7 @@ class StandInRoot:
                        str(self.cache), *command]
         proc = subprocess.run(command, cwd=self.cache, env=env, timeout=120,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 0 or not check, proc.stderr
         return proc
 
     def close(self) -> None:
@@ -967,6 +967,25 @@ def run_launcher_in_stand_in_root(base: Path, env: dict[str, str], python: str |
     finally:
         stand_in.close()
     return stand_in
+
+
+def test_bazel_launcher_refuses_an_interpreter_with_a_system_prefix(tmp_path: Path) -> None:
+    """The interpreter's prefix is bound at its own path in the sealed root: a Python whose prefix
+    is /usr (Debian's own python3.11) would cover the root's /usr, and its Bazel, with the host's.
+    The launcher refuses it in one line naming the interpreter and the fix, and mounts nothing."""
+    usr_python = tmp_path / "usrpy" / "python3.11"
+    usr_python.parent.mkdir()
+    usr_python.write_text("#!/bin/sh\necho /usr\n")  # answers sys.base_prefix (and any query) with /usr
+    usr_python.chmod(0o755)
+    stand_in = StandInRoot(tmp_path / "root", str(usr_python))
+    try:
+        proc = stand_in.run({}, check=False)
+    finally:
+        stand_in.close()
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"at {usr_python} lives under /usr" in proc.stderr \
+        and "KIMI_K3_PYTHON" in proc.stderr, proc.stderr
+    assert not stand_in.binds() and not stand_in.bazel_args.exists()
 
 
 def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
