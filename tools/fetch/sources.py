@@ -144,24 +144,37 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
         return cache.commit(tmp, sha256)
 
 
-def unavailable(pin: Pin, failures: Sequence[str], corrupt: bool = False) -> UserError:
+REPIN_HINT = "re-pin with `python3 -m tools.pins.pypi add-pypi` or `python3 -m tools.fetch add-git-diff`"
+
+
+def unavailable(pin: Pin, failures: Sequence[str], corrupt: bool = False, *, fill_hint: str | None = None,
+                repin_hint: str | None = None) -> UserError:
+    """The one-line error when no source delivered `pin`. Callers whose pins live in another lock
+    (tools.pins.debian) pass their own mirror-fill and re-pin commands."""
     tried = "; ".join(failures) if failures else "no mirror and no origin URL"
-    bad = ("; a source served wrong bytes: fix or remove it, or if every source agrees the lock is wrong "
-           "(re-pin with `python3 -m tools.pins.pypi add-pypi` or `python3 -m tools.fetch add-git-diff`)"
-           ) if corrupt else ""
+    bad = (f"; a source served wrong bytes: fix or remove it, or if every source agrees the lock is wrong "
+           f"({repin_hint or REPIN_HINT})") if corrupt else ""
+    if not corrupt and repin_hint and any(": HTTP 404 " in f or ": HTTP 410 " in f for f in failures):
+        # e.g. Debian drops superseded versions from its pool
+        bad = f"; the origin no longer has it: {repin_hint}, or use a mirror filled while it was there"
+    fill = fill_hint or FILL_MIRROR_HINT.format(pin=pin.name)
     return UserError(f"pin '{pin.name}': no source delivered it ({tried}){bad}; check the network/proxy, or fill a "
-                     f"mirror on a connected host with `{FILL_MIRROR_HINT.format(pin=pin.name)}` and pass "
-                     "--mirror DIR or KIMI_K3_MIRROR=DIR")
+                     f"mirror on a connected host with `{fill}` and pass --mirror DIR or KIMI_K3_MIRROR=DIR")
 
 
-def fetch_file_pin(pin: FilePin, cache: Cache, mirrors: Sequence[Path], timeout: float) -> Path:
+def fetch_file_pin(pin: FilePin, cache: Cache, mirrors: Sequence[Path], timeout: float, *,
+                   fill_hint: str | None = None, repin_hint: str | None = None) -> Path:
+    """The verified CAS entry of `pin`: the cache, then each mirror (`<mirror>/<filename>`), then
+    each URL. `fill_hint`/`repin_hint` replace the commands the error names (see unavailable)."""
     what = f"pin '{pin.name}'"
-    hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+    # `evict --sha256` works for pins of any lock; `--pin` only for pins.lock.json's own.
+    evict_hint = evict_command(pin) if fill_hint is None else f"python3 -m tools.fetch evict --sha256 {pin.sha256}"
+    hit = cache.verified_entry(pin.sha256, what, evict_hint)
     if hit:
         return hit
     with cache.locked(pin.sha256):
         # Another process may have filled the entry while we waited for the lock.
-        hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+        hit = cache.verified_entry(pin.sha256, what, evict_hint)
         if hit:
             return hit
         cache.clean_stale_temps(pin.sha256)
@@ -183,4 +196,4 @@ def fetch_file_pin(pin: FilePin, cache: Cache, mirrors: Sequence[Path], timeout:
                     print(f"fetch {pin.name}: {e}; retrying (attempt {attempt + 1}/{DOWNLOAD_ATTEMPTS})",
                           file=sys.stderr, flush=True)
                     time.sleep(RETRY_DELAY_S)
-        raise unavailable(pin, failures, corrupt)
+        raise unavailable(pin, failures, corrupt, fill_hint=fill_hint, repin_hint=repin_hint)
