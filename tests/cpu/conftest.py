@@ -36,3 +36,10 @@ def artifact(var: str) -> Path:
     if not path.is_file():
         pytest.fail(f"{var}={value} is not a file: point it at the pinned artifact")
     return path
+
+
+def pinned_toolchain_paths() -> tuple[str, str]:
+    """(CUDA root, compiler userland) of the kernel cache's pinned toolchain, located by the
+    identity files a test gets as data (tests/cpu/kernel_cache/BUILD.bazel TOOLCHAIN_ENV)."""
+    return (str(env_path("KIMI_KC_CUDA_IDENTITY").absolute().parent),
+            str(env_path("KIMI_KC_USERLAND_IDENTITY").absolute().parent))

@@ -31,7 +31,7 @@ from typing import Sequence
 from tools.kernel_cache.actions import CACHE_JSON_NAME
 from tools.kernel_cache.modules import VARIANTS
 from tools.kernel_cache.plan import make_plan
-from tools.kernel_cache.toolchain import default_extra_roots, load_toolchain
+from tools.kernel_cache.toolchain import load_toolchain
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT
 from tools.common.errors import UserError, run_cli
 
@@ -44,6 +44,8 @@ def timed_build(args: argparse.Namespace, variant: str, cache_dir: Path, out: Pa
            "--out", str(out)]
     if args.cuda_home:
         cmd += ["--cuda-home", args.cuda_home]
+    if args.userland:
+        cmd += ["--userland", args.userland]
     for m in args.only:
         cmd += ["--only", m]
     t0 = time.monotonic()
@@ -113,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--modules", type=Path, default=REPO_ROOT / "kernel_cache" / "modules.json")
     ap.add_argument("--arch", default="12.0f")
     ap.add_argument("--cuda-home")
+    ap.add_argument("--userland", help="the compiler userland (see tools/kernel_cache/toolchain.py)")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--mem-budget-mb", type=int, default=16000)
     ap.add_argument("--work", type=Path, required=True, help="scratch dir (wiped)")
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="object counts only, no compiling")
     args = ap.parse_args(argv)
 
-    tc = load_toolchain(args.cuda_home, default_extra_roots())
+    tc = load_toolchain(args.cuda_home, args.userland)
     print(f"toolchain: nvcc {tc.nvcc_version_text} at {tc.cuda_home}; arch {args.arch}; "
           f"-j {args.jobs}", file=sys.stderr)
     rows: list[tuple[str, dict]] = []

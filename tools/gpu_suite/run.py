@@ -49,6 +49,34 @@ def summarize(junit: Path) -> tuple[list[tuple[str, str, str, str]], dict[str, i
     return rows, counts
 
 
+def _wheel_files(paths: Sequence[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        out += sorted(p.glob("*.whl")) if p.is_dir() else [p]
+    return out
+
+
+def check_tvm_ffi_matches_cache(kernel_cache: Path, wheels: Sequence[Path]) -> None:
+    """The apache-tvm-ffi wheel brought to the GPU host must be the version the kernel cache was
+    compiled against (kernel_cache.json: the stack's own, the one the image ships), or the run
+    would test a combination no image contains."""
+    import json
+
+    from tools.kernel_cache.actions import CACHE_JSON_NAME
+    from tools.kernel_cache.tree import AOT_SUBDIR
+    meta = kernel_cache / AOT_SUBDIR / CACHE_JSON_NAME
+    if not meta.is_file():
+        return
+    want = json.loads(meta.read_text()).get("toolchain", {}).get("tvm_ffi_version")
+    brought = {w.name.split("-")[1]: w for w in _wheel_files(wheels)
+               if w.name.startswith("apache_tvm_ffi-")}
+    if want and brought and want not in brought:
+        got = ", ".join(sorted(brought))
+        raise UserError(f"--wheel apache_tvm_ffi {got}: the kernel cache {kernel_cache} was compiled "
+                        f"against apache-tvm-ffi {want} (the stack's own); bring that wheel "
+                        f"(pip download apache-tvm-ffi=={want} --no-deps for this Python)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", type=Path, action="append", default=[], help="wheel or directory of wheels (repeat)")
@@ -64,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--wheel {w}: no such file or directory")
     if args.kernel_cache and not (args.kernel_cache / "flashinfer" / "data" / "aot").is_dir():
         raise UserError(f"--kernel-cache {args.kernel_cache}: no flashinfer/data/aot inside; pass a kernel cache output")
+    if args.kernel_cache:
+        check_tvm_ffi_matches_cache(args.kernel_cache, args.wheel)
     env = dict(os.environ)
     env["KIMI_GPU_WHEELS"] = os.pathsep.join(str(w.absolute()) for w in args.wheel)
     if args.kernel_cache:

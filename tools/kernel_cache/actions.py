@@ -9,13 +9,13 @@ Where the commands deliberately differ from FlashInfer's ninja file (none change
     hashes the source's absolute path into internal device symbol names;
   - depfile flags (-MMD/-MF, --generate-dependencies-with-compile) are dropped (plan.py): every
     object already depends on the whole tree;
-  - -ffile-prefix-map maps the host paths of tree, generated sources, CUDA, tvm_ffi, Python
-    include and wheel roots to fixed /kimi-k3/... paths, and the pid in nvcc's temp file name is
-    zeroed in the object: the same inputs give byte-identical objects and modules on any host;
-  - compilers run chrooted into the host root when Bazel runs from tools/bazel's sealed sid root
-    (--host-root, toolchain.DEFAULT_HOST_ROOT says why); outside Bazel they run directly;
-  - nvcc gets the nvidia/cu13 wheel include dirs after CUDA's (headers CUDA 13.0 here lacks), the
-    link gets a stub dir (libcuda.so stub, unversioned lib*.so links).
+  - -ffile-prefix-map maps the paths of tree, generated sources, CUDA, tvm_ffi and Python include
+    to fixed /kimi-k3/... paths and the compiler userland's to its system paths (/usr/...), and
+    the pid in nvcc's temp file name is zeroed in the object: the same inputs give byte-identical
+    objects and modules on any host;
+  - compilers are the pinned toolchain's (toolchain.py): nvcc from the CUDA root, gcc/g++ and
+    binutils from the compiler userland through --sysroot, run with Toolchain.env();
+  - the link gets a stub dir (a libcuda.so stub).
 """
 from __future__ import annotations
 
@@ -24,9 +24,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -53,17 +51,14 @@ class Fill:
     def prefix_maps(self) -> list[tuple[str, str]]:
         """Host path -> fixed path, for -ffile-prefix-map: objects must not embed where the tree,
         generated sources, CUDA or the venv happened to live (Bazel sandboxes differ per run)."""
-        maps = [(str(self.tree), "/kimi-k3/flashinfer-tree"), (str(self.gen_dir), "/kimi-k3/gen"),
-                (str(self.tc.cuda_home), "/kimi-k3/cuda"),
-                (str(self.tc.tvm_ffi_dir), "/kimi-k3/tvm_ffi"),
-                (sysconfig.get_path("include"), "/kimi-k3/python-include")]
-        maps += [(str(r), f"/kimi-k3/extra{i}") for i, r in enumerate(self.tc.extra_roots)]
-        return sorted(maps, key=lambda kv: -len(kv[0]))
+        maps = [(str(self.tree), "/kimi-k3/flashinfer-tree"), (str(self.gen_dir), "/kimi-k3/gen")]
+        maps += self.tc.prefix_maps()
+        return sorted(dict(maps).items(), key=lambda kv: -len(kv[0]))
 
     def apply(self, arg: str) -> str:
         return (arg.replace("@TREE@", str(self.tree)).replace("@GEN@", str(self.gen_dir))
                 .replace("@CUDA_HOME@", str(self.tc.cuda_home))
-                .replace("@PY_INCLUDE@", sysconfig.get_path("include"))
+                .replace("@PY_INCLUDE@", str(self.tc.python_include))
                 .replace("@TVM_FFI@", str(self.tc.tvm_ffi_dir)))
 
 
@@ -98,11 +93,6 @@ def compile_argv(obj: Mapping[str, Any], fill: Fill, out: Path) -> list[str]:
             argv += maps
         argv.append({"@INPUT@": fill.apply(obj["src"]), "@OUTPUT@": str(out)}.get(a) or
                     fill.apply(a))
-        # Wheel roots (nvrtc, cublas headers) come right after CUDA's own include dir.
-        if a == "@CUDA_HOME@/include" and argv[-2:-1] == ["-isystem"]:
-            for r in fill.tc.extra_roots:
-                if (r / "include").is_dir():
-                    argv += ["-isystem", str(r / "include")]
     return argv
 
 
@@ -122,15 +112,14 @@ def link_argv(module: Mapping[str, Any], fill: Fill, objects: Sequence[Path], ou
 
 
 def run_tool(argv: Sequence[str], nice: int, what: str, tc: Toolchain) -> float:
-    cmd = (["nice", "-n", str(nice)] if nice else []) + tc.run_argv(argv)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = tc.run(argv, nice)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
-        if "unsupported GNU version" in proc.stderr and tc.host_root is None:
-            raise UserError(f"{what}: nvcc refuses this host compiler (e.g. gcc 16 in tools/bazel's "
-                            "sealed sid root); run compilers in the host root: --host-root DIR "
-                            "(tools/bazel mounts the host at /run/kimi-k3-host)")
+        if "unsupported GNU version" in proc.stderr and tc.userland is None:
+            raise UserError(f"{what}: nvcc refuses this host compiler (e.g. gcc 16); compile with "
+                            "the pinned compiler userland: --userland DIR (unpacked by `python3 -m "
+                            "tools.pins.debian extract --set kernel-userland --out DIR`)")
         raise UserError(f"{what}: compiler failed (exit {proc.returncode}); see output above")
     return time.monotonic() - t0
 

@@ -8,7 +8,8 @@
   build           everything without Bazel: parallel, per-object content-addressed (reuse checked
                   against each file's sha256 record), resumable
   verify          ELF arch, digests, and resolution through FlashInfer's lookup with JIT disabled
-  cuda-stubs      the link-time stub dir (libcuda.so stub, unversioned lib*.so links)
+  unpack-tvm-ffi  tvm-ffi's headers from the stack's apache-tvm-ffi wheel             (Bazel action)
+  cuda-stubs      the link-time stub dir (a libcuda.so stub)
 
 build and verify are imported only when run: the Bazel actions' tool (//tools/kernel_cache:actions)
 leaves those modules out, so editing them does not invalidate every compiled object.
@@ -34,7 +35,7 @@ from tools.kernel_cache.modules import VARIANTS, check_arch, load_modules
 from tools.kernel_cache.plan import (describe_drift, find_module, make_plan, parse_only,
                                      read_plan, render_plan, select_modules)
 from tools.kernel_cache.probe import probe_main, run_probe
-from tools.kernel_cache.toolchain import (Toolchain, default_extra_roots, load_toolchain,
+from tools.kernel_cache.toolchain import (Toolchain, load_toolchain, unpack_tvm_ffi,
                                           write_cuda_stubs)
 from tools.kernel_cache.tree import check_tree, dir_digest, log
 
@@ -44,20 +45,19 @@ def _add_common(p: argparse.ArgumentParser, tree: bool = True) -> None:
         p.add_argument("--flashinfer-tree", type=Path, required=True,
                        help="patched tree (directory holding flashinfer/)")
     p.add_argument("--cuda-home", default=None,
-                   help="CUDA root (default $KIMI_CUDA_HOME or /usr/local/cuda)")
-    p.add_argument("--cuda-extra", action="append", default=None,
-                   help="extra root with include/ and lib/ (nvidia/cu13 of the nvrtc/cublas "
-                        "wheels); default: found in the running interpreter")
+                   help="CUDA root: the pinned one (@kimi_cuda//:root under Bazel) or a local "
+                        "CUDA 13.0 (default $KIMI_CUDA_HOME or /usr/local/cuda)")
+    p.add_argument("--userland", default=None,
+                   help="compiler userland (the unpacked Debian set kernel-userland: g++-12, "
+                        "binutils, libc6-dev), used through --sysroot; default: compilers on PATH")
+    p.add_argument("--tvm-ffi", default=None,
+                   help="the stack's apache-tvm-ffi as `unpack-tvm-ffi` writes it; default: the "
+                        "running interpreter's")
     p.add_argument("--nice", type=int, default=10, help="niceness of compiler processes")
-    p.add_argument("--host-root", default=None,
-                   help="root filesystem to run compilers in (chroot): a path, 'none', or 'auto' "
-                        "(default: $KIMI_K3_HOST_ROOT, else /run/kimi-k3-host if tools/bazel "
-                        "mounted the host there, else none)")
 
 
 def _toolchain(args: argparse.Namespace) -> Toolchain:
-    extra = args.cuda_extra if args.cuda_extra is not None else default_extra_roots()
-    return load_toolchain(args.cuda_home, extra, args.host_root)
+    return load_toolchain(args.cuda_home, args.userland, args.tvm_ffi)
 
 
 def _parse_kv(items: Sequence[str], what: str) -> dict[str, Path]:
@@ -155,6 +155,10 @@ def parser() -> argparse.ArgumentParser:
                    help="only check resolution, not dlopen (hosts without a CUDA driver)")
     p.add_argument("--driver-stub", action="store_true",
                    help="put an empty libcuda.so.1 on LD_LIBRARY_PATH for the load check")
+
+    p = sub.add_parser("unpack-tvm-ffi", help="tvm-ffi's headers from the stack's wheel (Bazel action)")
+    p.add_argument("--wheel", type=Path, required=True, help="an apache-tvm-ffi wheel")
+    p.add_argument("--out", type=Path, required=True, help="directory to create")
 
     p = sub.add_parser("cuda-stubs", help="write the link-time stub dir")
     _add_common(p, tree=False)
@@ -255,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.cuobjdump, not args.no_load, args.driver_stub, args.arch,
                         only=parse_only(args.only))
         print(json.dumps(report, indent=1, sort_keys=True))
+        return 0
+    if args.cmd == "unpack-tvm-ffi":
+        unpack_tvm_ffi(args.wheel, args.out.absolute())
         return 0
     if args.cmd == "cuda-stubs":
         write_cuda_stubs(_toolchain(args), args.out.absolute())

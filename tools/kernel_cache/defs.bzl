@@ -18,29 +18,26 @@ Each object is its own cached action, so an interrupted build resumes with every
 object, and `--//kernel_cache:only=silu_and_mul,norm` builds a subset (the plan's other modules
 are simply not wired).
 
-Toolchain: `--//kernel_cache:cuda_home` (default /usr/local/cuda) is the CUDA root; compilers
-run chrooted into `--//kernel_cache:host_root` (default `auto`: /run/kimi-k3-host when
-tools/bazel mounted the host there, see tools/kernel_cache/toolchain.py DEFAULT_HOST_ROOT for why), hence
-`no-sandbox` on compile and link actions (chroot needs the real execroot). The nvcc release must
-equal the plan's; the tool checks it and writes `nvcc --version` into kernel_cache.json.
+Toolchain (tools/kernel_cache/toolchain.py): every compile and link action declares the pinned
+CUDA root (@kimi_cuda: the lock's NVIDIA wheels), the compiler userland (@kimi_cxx_userland:
+bookworm's g++-12 from pinned .debs, used through --sysroot) and tvm-ffi's headers from the
+stack's own wheel as inputs, and runs sandboxed (remote caches and executors can take it).
+`--//kernel_cache:cuda_home=DIR` is the escape hatch to a local CUDA (its actions are
+`no-remote`). The nvcc release must equal the plan's; the tool checks it and writes the
+toolchain's identity (pins by sha256) into kernel_cache.json.
 
 Every action's tool inputs are the sources of the py_library //tools/kernel_cache:actions (and its
 deps), so only an edit to what the actions run invalidates compiled objects.
 
-    kernel_cache_settings_vars(name)
-
-the toolchain build settings as Make variables $(KIMI_CUDA_HOME), $(KIMI_K3_HOST_ROOT) for a test's
-env (toolchains = [...]). ARCHS, VARIANTS, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's BUILD
+ARCHS, VARIANTS, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's BUILD
 file declares its settings and plans from.
 """
 
 load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _PLAN_FILES = "PLAN_FILES", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
 load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache")
-load("//tools/kernel_cache/private:settings_vars.bzl", _kernel_cache_settings_vars = "kernel_cache_settings_vars")
 
 ARCHS = _ARCHS
 PLAN_FILES = _PLAN_FILES
 SPEC_SCHEMA = _SPEC_SCHEMA
 VARIANTS = _VARIANTS
 flashinfer_kernel_cache = _flashinfer_kernel_cache
-kernel_cache_settings_vars = _kernel_cache_settings_vars

@@ -1,9 +1,22 @@
-"""The toolchain the objects are compiled with: the CUDA root (nvcc), the wheel roots that add
-headers CUDA lacks (nvidia/cu13), tvm-ffi, the host compilers and the userland they run in
-(--host-root: chroot into the host's root when tools/bazel's sealed root is not the one CUDA was
-installed for), and the link-time stub dir (libcuda.so stub, unversioned lib*.so links)."""
+"""The toolchain the objects are compiled with, every part of it an explicit input:
+
+  - the CUDA root (nvcc): by default the one assembled from the lock's "cuda-13.0" wheels
+    (@kimi_cuda, identified by its pins' sha256 in kimi-k3-toolchain.json); a local CUDA install
+    only when named (--cuda-home, the escape hatch: identified by its path and nvcc's version);
+  - the host compiler userland nvcc drives: Debian bookworm's g++-12 and binutils with glibc 2.36
+    and libstdc++ headers, unpacked from pinned .debs (@kimi_cxx_userland, identified by the .debs'
+    sha256), used through --sysroot and small wrapper scripts, never by chroot: nvcc 13.0 rejects
+    newer compilers (gcc 16: "unsupported GNU version") and glibc 2.43's math headers, so the
+    compiler cannot be whatever the machine has;
+  - tvm-ffi's headers, from the stack's own apache-tvm-ffi wheel (the one the image ships);
+  - Python's headers, from the userland's libpython3.11-dev (the image's interpreter).
+
+Nothing is probed on the host: the identity that goes into kernel_cache.json and the non-Bazel
+build's object keys is read from those pinned bytes.
+"""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import json
@@ -12,188 +25,284 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_bytes
 from tools.kernel_cache.tree import dir_digest
 
-# Where tools/bazel mounts the host's own root inside its sealed Debian sid root. Bazel 7 is
-# only packaged for sid, but nvcc 13.0 refuses sid's gcc 16 (host_config.h: "gcc versions later
-# than 15 are not supported") and, even with -allow-unsupported-compiler, fails on glibc 2.43's
-# math headers (rsqrt's exception specification). So compilers run in the host userland the CUDA
-# install was made for (chroot), the same one a build without Bazel uses: same bytes either way.
-DEFAULT_HOST_ROOT = Path("/run/kimi-k3-host")
-# Everything a compiler needs inside that root; checked so a half-mounted root fails clearly.
-_HOST_ROOT_PROBE = ("bin/sh", "etc/os-release")
+# Written by tools/kernel_cache/private/toolchain_repos.bzl into the pinned CUDA root.
+CUDA_IDENTITY_FILE = "kimi-k3-toolchain.json"
+# Written by `python3 -m tools.pins.debian extract` into an unpacked Debian set.
+USERLAND_IDENTITY_FILE = ".debian-set.json"
+# Written by `python3 -m tools.kernel_cache unpack-tvm-ffi` beside include/.
+TVM_FFI_IDENTITY_FILE = "kimi-k3-tvm-ffi.json"
+# The userland's compiler (its major version is what nvcc 13.0 accepts).
+USERLAND_GCC_MAJOR = "12"
+# Loader-level libraries of the userland that must not shadow the running system's own glibc and
+# C++ runtime: only the compilers' private libraries (isl, mpc, mpfr, gmp, bfd, ...) are taken
+# from the userland at run time. Bookworm's binaries run on any glibc >= 2.36.
+_SYSTEM_LIB_PREFIXES = ("ld-linux", "libc.", "libc_", "libm.", "libmvec", "libpthread", "libdl.",
+                        "librt.", "libresolv", "libutil", "libanl", "libnss", "libBrokenLocale",
+                        "libthread_db", "libmemusage", "libpcprofile", "libstdc++", "libgcc_s")
 
 
-def resolve_host_root(value: str | None) -> Path | None:
-    """--host-root: a directory to chroot compilers into, 'none' (run them here) or 'auto'
-    (default: $KIMI_K3_HOST_ROOT, else DEFAULT_HOST_ROOT when it exists, else none)."""
-    value = value or os.environ.get("KIMI_K3_HOST_ROOT") or "auto"
-    if value == "none":
-        return None
-    if value == "auto":
-        return DEFAULT_HOST_ROOT if (DEFAULT_HOST_ROOT / "etc" / "os-release").is_file() else None
-    root = Path(value).absolute()
-    missing = [r for r in _HOST_ROOT_PROBE if not (root / r).exists()]
-    if missing:
-        raise UserError(f"--host-root {root}: no {missing[0]} there; pass the host's root as "
-                        "mounted by tools/bazel (/run/kimi-k3-host), or 'none' to run compilers "
-                        "directly")
-    if root == Path("/"):
-        return None
-    return root
-
-
-def in_root(root: Path | None, argv: Sequence[str]) -> list[str]:
-    """argv to run `argv` inside `root` (chroot) from the current directory; every path this
-    tool passes exists at the same place there (tools/bazel mounts workspace, output root,
-    /tmp and the interpreter at their own paths)."""
-    if root is None:
-        return list(argv)
-    return ["chroot", str(root), "/bin/sh", "-c", 'cd "$0" && exec "$@"', os.getcwd(), *argv]
-
-
-def os_release(root: Path | None) -> str:
-    path = (root or Path("/")) / "etc" / "os-release"
-    text = path.read_text() if path.is_file() else ""
-    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?$', text, re.MULTILINE)
-    return m.group(1) if m else ""
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: unreadable {what} identity ({e}); re-fetch it (bazel sync or "
+                        "delete the repository)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: {what} identity is not a JSON object; re-fetch it")
+    return data
 
 
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
     cuda_home: Path
-    extra_roots: tuple[Path, ...]  # wheel roots (nvidia/cu13) that add include/ and lib/
+    cuda_identity: Mapping[str, Any] | None  # the pinned root's pins; None: a local CUDA
     nvcc_release: str
     nvcc_version_text: str
+    userland: Path | None  # compiler userland (--sysroot); None: compilers from PATH
+    userland_identity: Mapping[str, Any] | None
     cxx_version: str
-    python_version: str
-    tvm_ffi_dir: Path
+    tvm_ffi_dir: Path  # holds include/
     tvm_ffi_version: str
-    host_root: Path | None  # compilers run chrooted here (None: directly)
-    userland: str  # os-release of where compilers run: its glibc/libstdc++ headers are inputs
+    python_include: Path
 
-    def run_argv(self, argv: Sequence[str]) -> list[str]:
-        return in_root(self.host_root, argv)
+    # -- running compilers -------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The environment compilers run with: the userland's wrappers and binutils first on
+        PATH (gcc finds `as` and `ld` there), its private libraries on LD_LIBRARY_PATH; nothing
+        of the caller's compiler settings."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("FLASHINFER_", "NVCC_", "CUDA", "LD_", "GCC_", "COMPILER_PATH",
+                                    "LIBRARY_PATH", "CPATH", "C_INCLUDE", "CPLUS_INCLUDE"))}
+        env["LC_ALL"] = "C"
+        if self.userland is None:
+            return env
+        wrappers, libs = _userland_shims(self.userland)
+        env["PATH"] = os.pathsep.join([str(wrappers), str(self.userland / "usr" / "bin"),
+                                       "/usr/bin", "/bin"])
+        env["LD_LIBRARY_PATH"] = str(libs)
+        return env
 
-    def cuda_realpath(self) -> str:
-        """Resolved where nvcc runs (readlink in the host root): tools/bazel bind-mounts
-        /usr/local/cuda into its sealed root, which hides the host's absolute link
-        /usr/local/cuda -> /usr/local/cuda-13.0."""
-        if self.host_root is None:
-            return os.path.realpath(self.cuda_home)
-        return _first_line(self.run_argv(["readlink", "-f", str(self.cuda_home)]))
+    def run(self, argv: Sequence[str], nice: int = 0) -> subprocess.CompletedProcess[str]:
+        cmd = (["nice", "-n", str(nice)] if nice else []) + list(argv)
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env())
 
+    def prefix_maps(self) -> list[tuple[str, str]]:
+        """Where the toolchain's parts live -> fixed paths, for -ffile-prefix-map. The userland maps
+        to "" so its headers keep their system paths (/usr/include/...): objects then equal those
+        of a bookworm host whose compiler is the same package. Both the given paths and the real
+        ones (nvcc and gcc resolve their own location through symlinks) are mapped."""
+        pairs = [(self.cuda_home, "/kimi-k3/cuda"), (self.tvm_ffi_dir, "/kimi-k3/tvm_ffi"),
+                 (self.python_include, "/kimi-k3/python-include")]
+        if self.userland is not None:
+            pairs.append((self.userland, ""))
+        maps: dict[str, str] = {}
+        for path, fixed in pairs:
+            for p in (str(path), os.path.realpath(path)):
+                maps.setdefault(p, fixed)
+        return list(maps.items())
+
+    # -- identity ------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        """What the compiled bytes depend on besides sources and flags (goes into every key)."""
+        """What the compiled bytes depend on besides sources and flags, by content: goes into
+        kernel_cache.json (and so into the image) and into the non-Bazel build's object keys."""
+        if self.cuda_identity is not None:
+            cuda = {"pinned": dict(self.cuda_identity)}
+        else:
+            cuda = {"local": str(self.cuda_home), "realpath": os.path.realpath(self.cuda_home)}
+        if self.userland_identity is not None:
+            userland = {"debian_set": self.userland_identity.get("name", ""),
+                        "packages": {p["name"]: {"version": p["version"], "sha256": p["sha256"]}
+                                     for p in self.userland_identity.get("packages", [])}}
+        else:
+            userland = {"path": "compilers from PATH"}
         return {
-            "cuda_home": str(self.cuda_home),
-            "cuda_home_realpath": self.cuda_realpath(),
+            "cuda": cuda,
             "nvcc_version": self.nvcc_version_text,
             "cxx_version": self.cxx_version,
-            # Where compilers ran, by content not path: the host directly and the host root
-            # mounted into Bazel's sealed root are the same userland and give the same bytes.
-            "userland": self.userland,
-            "python": self.python_version,
+            "userland": userland,
             "tvm_ffi_version": self.tvm_ffi_version,
             "tvm_ffi_include_digest": dir_digest(self.tvm_ffi_dir / "include"),
-            # By content, not path: the venv holding the wheels lives at a machine-specific path
-            # and this identity is written into the image.
-            "extra_roots": [{"name": "/".join(r.parts[-2:]), "include_digest":
-                             dir_digest(r / "include") if (r / "include").is_dir() else ""}
-                            for r in self.extra_roots],
+            "python_include_digest": dir_digest(self.python_include),
         }
 
     def digest(self) -> str:
         return sha256_bytes(json.dumps(self.identity(), sort_keys=True).encode())
 
 
-def _first_line(cmd: Sequence[str]) -> str:
+_SHIMS: dict[Path, tuple[Path, Path]] = {}
+
+
+def _userland_shims(userland: Path) -> tuple[Path, Path]:
+    """(wrapper dir, library dir) for a userland, made once per process in a temp dir:
+    gcc/g++/cc/c++/cpp wrappers that run the userland's compiler with --sysroot (so every header
+    and library comes from it, none from the running system), and links to its private
+    libraries (the running system's glibc stays the one loaded)."""
+    if userland in _SHIMS:
+        return _SHIMS[userland]
+    tmp = Path(tempfile.mkdtemp(prefix="kimi-k3-cc-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    wrappers, libs = tmp / "bin", tmp / "lib"
+    wrappers.mkdir()
+    libs.mkdir()
+    bin_dir = userland / "usr" / "bin"
+    for name, real in (("gcc", "gcc"), ("cc", "gcc"), ("g++", "g++"), ("c++", "g++"),
+                       ("cpp", "cpp")):
+        target = bin_dir / f"{real}-{USERLAND_GCC_MAJOR}"
+        script = wrappers / name
+        script.write_text(f'#!/bin/sh\nexec "{target}" --sysroot="{userland}" "$@"\n')
+        script.chmod(0o755)
+    for lib_dir in (userland / "usr" / "lib" / "x86_64-linux-gnu",
+                    userland / "lib" / "x86_64-linux-gnu"):
+        if not lib_dir.is_dir():
+            continue
+        for lib in sorted(lib_dir.glob("lib*.so*")):
+            if lib.name.startswith(_SYSTEM_LIB_PREFIXES) or (libs / lib.name).exists():
+                continue
+            if lib.is_file():
+                os.symlink(lib, libs / lib.name)
+    _SHIMS[userland] = (wrappers, libs)
+    return wrappers, libs
+
+
+def _first_line(tc_env: Mapping[str, str], cmd: Sequence[str]) -> str:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(tc_env)).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise UserError(f"{cmd[0]}: cannot run ({e}); install it or fix PATH") from None
+        raise UserError(f"{cmd[0]}: cannot run ({e}); check the toolchain") from None
     return out.strip().splitlines()[0] if out.strip() else ""
 
 
 def find_tvm_ffi() -> tuple[Path, str]:
-    # Located without importing it: importing loads libtvm_ffi, which compile actions don't need.
+    """tvm-ffi of the running interpreter (the non-Bazel build's default). Located without
+    importing it: importing loads libtvm_ffi, which compile actions don't need."""
     spec = importlib.util.find_spec("tvm_ffi")
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("python package tvm_ffi: not importable; install apache-tvm-ffi in the "
-                        "interpreter that runs this tool")
+        raise UserError("python package tvm_ffi: not importable; pass --tvm-ffi DIR (the stack's "
+                        "apache-tvm-ffi unpacked by `python3 -m tools.kernel_cache unpack-tvm-ffi`)")
     from importlib import metadata
     return Path(list(spec.submodule_search_locations)[0]), metadata.version("apache-tvm-ffi")
 
 
-def load_toolchain(cuda_home: str | None, extra_roots: Sequence[str] = (),
-                   host_root: str | None = None) -> Toolchain:
+def load_tvm_ffi(path: str | None) -> tuple[Path, str]:
+    if not path:
+        return find_tvm_ffi()
+    root = Path(path).absolute()
+    ident = root / TVM_FFI_IDENTITY_FILE
+    if not (root / "include").is_dir() or not ident.is_file():
+        raise UserError(f"--tvm-ffi {root}: no include/ and {TVM_FFI_IDENTITY_FILE} there; make it "
+                        "with `python3 -m tools.kernel_cache unpack-tvm-ffi --wheel WHEEL --out DIR`")
+    return root, str(_read_json(ident, "tvm-ffi").get("version", ""))
+
+
+def load_toolchain(cuda_home: str | None, userland: str | None = None,
+                   tvm_ffi: str | None = None) -> Toolchain:
     home = Path(cuda_home or os.environ.get("KIMI_CUDA_HOME") or "/usr/local/cuda").absolute()
-    root = resolve_host_root(host_root)
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
-        raise UserError(f"--cuda-home {home} (KIMI_CUDA_HOME): no bin/nvcc there; point it at "
-                        "the CUDA root")
-    if root is not None and not (root / str(nvcc).lstrip("/")).is_file():
-        raise UserError(f"--cuda-home {home}: {nvcc} is not in the host root {root} where "
-                        "compilers run; install CUDA on the host at that path")
+        raise UserError(f"--cuda-home {home}: no bin/nvcc there; under Bazel the pinned CUDA root "
+                        "(@kimi_cuda) is the default, by hand pass its path or a CUDA 13.0 root")
+    ident_file = home / CUDA_IDENTITY_FILE
+    cuda_identity = _read_json(ident_file, "CUDA") if ident_file.is_file() else None
+    ul: Path | None = None
+    ul_identity = None
+    if userland:
+        ul = Path(userland).absolute()
+        gxx = ul / "usr" / "bin" / f"g++-{USERLAND_GCC_MAJOR}"
+        if not gxx.is_file():
+            raise UserError(f"--userland {ul}: no usr/bin/g++-{USERLAND_GCC_MAJOR} there; unpack the "
+                            "Debian set with `python3 -m tools.pins.debian extract --set "
+                            "kernel-userland --out DIR`")
+        ul_ident = ul / USERLAND_IDENTITY_FILE
+        ul_identity = _read_json(ul_ident, "userland") if ul_ident.is_file() else None
+    tvm_dir, tvm_version = load_tvm_ffi(tvm_ffi)
+    if ul is not None and (ul / "usr" / "include" / "python3.11" / "Python.h").is_file():
+        py_include = ul / "usr" / "include" / "python3.11"
+    else:
+        py_include = Path(sysconfig.get_path("include"))
+    partial = Toolchain(cuda_home=home, cuda_identity=cuda_identity, nvcc_release="",
+                        nvcc_version_text="", userland=ul, userland_identity=ul_identity,
+                        cxx_version="", tvm_ffi_dir=tvm_dir, tvm_ffi_version=tvm_version,
+                        python_include=py_include)
+    env = partial.env()
     try:
-        text = subprocess.run(in_root(root, [str(nvcc), "--version"]), capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
+                              check=True, env=env).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise UserError(f"--cuda-home {home}: bin/nvcc --version failed ({e})") from None
     m = re.search(r"release (\d+\.\d+), (V[\d.]+)", text)
     if not m:
         raise UserError(f"--cuda-home {home}: cannot parse nvcc --version output")
-    roots = tuple(Path(r).absolute() for r in extra_roots)
-    for r in roots:
-        if not (r / "include").is_dir() and not (r / "lib").is_dir():
-            raise UserError(f"--cuda-extra {r}: expected include/ or lib/ inside (e.g. "
-                            "site-packages/nvidia/cu13 of the nvidia-cuda-nvrtc wheel)")
-    tvm_dir, tvm_version = find_tvm_ffi()
-    return Toolchain(
-        cuda_home=home, extra_roots=roots, nvcc_release=m.group(1),
-        nvcc_version_text=f"{m.group(1)} {m.group(2)}",
-        cxx_version=_first_line(in_root(root, ["c++", "--version"])),
-        python_version=".".join(map(str, sys.version_info[:3])), tvm_ffi_dir=tvm_dir,
-        tvm_ffi_version=tvm_version, host_root=root, userland=os_release(root))
+    return dataclasses.replace(partial, nvcc_release=m.group(1),
+                               nvcc_version_text=f"{m.group(1)} {m.group(2)}",
+                               cxx_version=_first_line(env, ["c++", "--version"]))
 
 
-def default_extra_roots() -> list[str]:
-    """nvidia/cu13 from the nvrtc/cublas wheels when installed: CUDA 13 here lacks their headers."""
-    spec = importlib.util.find_spec("nvidia")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    roots = [Path(p) / "cu13" for p in spec.submodule_search_locations]
-    return [str(r) for r in roots if (r / "include" / "nvrtc.h").is_file()]
+def unpack_tvm_ffi(wheel: Path, out: Path) -> Path:
+    """OUT/include (tvm_ffi/include of the wheel) and OUT/kimi-k3-tvm-ffi.json (version, wheel
+    sha256): the headers every object is compiled against, from the wheel the image ships."""
+    import zipfile
+
+    from tools.common.hashing import sha256_file
+    try:
+        z = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise UserError(f"--wheel {wheel}: not a wheel ({e})") from None
+    with z:
+        names = z.namelist()
+        meta = [n for n in names if n.endswith(".dist-info/METADATA")]
+        version = ""
+        if meta:
+            m = re.search(r"^Version: (\S+)$", z.read(meta[0]).decode("utf-8", "replace"), re.M)
+            version = m.group(1) if m else ""
+        headers = sorted(n for n in names if n.startswith("tvm_ffi/include/") and not n.endswith("/"))
+        if not headers or not version:
+            raise UserError(f"--wheel {wheel}: no tvm_ffi/include/ or version in it; pass an "
+                            "apache-tvm-ffi wheel")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            for n in headers:
+                dst = tmp / n[len("tvm_ffi/"):]
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(z.read(n))
+            (tmp / TVM_FFI_IDENTITY_FILE).write_text(json.dumps(
+                {"version": version, "wheel": wheel.name, "sha256": sha256_file(wheel)},
+                indent=1, sort_keys=True) + "\n")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
 
 
 def write_cuda_stubs(tc: Toolchain, out: Path) -> Path:
     """Link-time stub dir: a libcuda.so stub (no driver on build hosts; soname libcuda.so.1 like
-    the real stub) and unversioned lib*.so links into the extra roots (wheels ship only .so.N,
-    and FlashInfer links with -lnvrtc)."""
+    the real stub), built with the toolchain's own compiler, unless the CUDA root has one."""
     tmp = Path(tempfile.mkdtemp(prefix=".stubs-", dir=out.parent))
     try:
         real_stub = tc.cuda_home / "lib64" / "stubs" / "libcuda.so"
         if not real_stub.exists():
             src = tmp / "empty.c"
             src.write_text("/* link-time stand-in for the CUDA driver */\n")
-            subprocess.run(tc.run_argv(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
-                                        "-o", str(tmp / "libcuda.so"), str(src)]), check=True)
+            proc = tc.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                           str(tmp / "libcuda.so"), str(src)])
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stdout + proc.stderr)
+                raise UserError("cuda-stubs: the toolchain's cc failed to build the libcuda.so "
+                                "stub; see output above")
             src.unlink()
             os.symlink("libcuda.so", tmp / "libcuda.so.1")
-        for root in tc.extra_roots:
-            for lib in sorted((root / "lib").glob("lib*.so.*")):
-                base = lib.name.split(".so.")[0] + ".so"
-                if ".alt." in lib.name or (tmp / base).exists() \
-                        or (tc.cuda_home / "lib64" / base).exists():
-                    continue
-                os.symlink(lib, tmp / base)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

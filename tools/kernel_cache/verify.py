@@ -25,7 +25,6 @@ def find_cuobjdump(tc: Toolchain | None, explicit: str | None) -> str:
     candidates = [explicit] if explicit else []
     if tc is not None:
         candidates += [str(tc.cuda_home / "bin" / "cuobjdump")]
-        candidates += [str(r / "bin" / "cuobjdump") for r in tc.extra_roots]
     spec = importlib.util.find_spec("nvidia")
     if spec and spec.submodule_search_locations:
         candidates += [str(Path(p) / "cu13" / "bin" / "cuobjdump")
@@ -180,9 +179,13 @@ def verify(cache: Path, tree: Path, modules_path: Path | None, python: str, tc: 
             # DT_NEEDED entry so a module that calls no driver symbol at load time can load.
             stub_dir = Path(stub_tmp)
             (stub_dir / "e.c").write_text("\n")
-            subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
-                            str(stub_dir / "libcuda.so.1"), str(stub_dir / "e.c")], check=True)
-        extra_libs = [str(r / "lib") for r in tc.extra_roots] if tc else []
+            cc = ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                  str(stub_dir / "libcuda.so.1"), str(stub_dir / "e.c")]
+            proc = tc.run(cc) if tc else subprocess.run(cc, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise UserError(f"--driver-stub: cc failed: {proc.stderr.strip()[-300:]}")
+        # The CUDA root's libraries (nvrtc, cublas: the modules' DT_NEEDED beside libcuda).
+        extra_libs = [str(cuda_home / "lib")] if (cuda_home / "lib").is_dir() else []
         res = resolve_in_clean_env(tree, cache, data, python, cuda_home, extra_libs, stub_dir)
     for name, r in sorted(res["modules"].items()):
         if not r["is_aot"]:

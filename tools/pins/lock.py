@@ -7,8 +7,9 @@ Public API (every stage reads the lock through these, never with a json.loads of
   load(path) -> Lock     the validated lock: typed pins (FilePin, GitDiffPin, GitTreePin) and
                          stacks; bad JSON, a schema error or an unknown stack/pin name in a
                          stack is a one-line UserError naming the lock and the field.
-  Lock.pin(name), Lock.stack(name)
-                         a pin or stack by name; an unknown name is a UserError with close names.
+  Lock.pin(name), Lock.stack(name), Lock.toolchain(name)
+                         a pin, stack or toolchain by name; an unknown name is a UserError with
+                         close names.
   read_raw(path)         the decoded JSON (for editors that rewrite the lock), checked only as
                          JSON; write(path, data) validates it and writes it in canonical form.
 
@@ -130,12 +131,25 @@ class Stack:
 
 
 @dataclass(frozen=True)
+class Toolchain:
+    """Pins that together make one build toolchain (e.g. the CUDA compiler the kernel cache
+    runs, assembled from NVIDIA's wheels): `release` is the version its users check against
+    (nvcc's), `pins` the file pins it is made of, in the order they are unpacked."""
+
+    name: str
+    description: str
+    release: str
+    pins: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Lock:
     """A validated lock file."""
 
     path: Path
     pins: Mapping[str, Pin]
     stacks: Mapping[str, Stack]
+    toolchains: Mapping[str, Toolchain] = field(default_factory=dict)
 
     def pin(self, name: str) -> Pin:
         """The pin called `name`; an unknown name is a UserError listing close names."""
@@ -150,6 +164,13 @@ class Lock:
         if name in self.stacks:
             return self.stacks[name]
         raise UserError(f"{self.path}: stack '{name}' is not in the lock; stacks: {', '.join(sorted(self.stacks))}")
+
+    def toolchain(self, name: str) -> Toolchain:
+        """The toolchain called `name`; an unknown name is a UserError listing the toolchains."""
+        if name in self.toolchains:
+            return self.toolchains[name]
+        raise UserError(f"{self.path}: toolchain '{name}' is not in the lock; toolchains: "
+                        f"{', '.join(sorted(self.toolchains)) or 'none'}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +357,24 @@ def parse_stack(lock_path: Path, name: str, obj: Any, pins: Mapping[str, Pin]) -
     return stack
 
 
+def parse_toolchain(lock_path: Path, name: str, obj: Any, pins: Mapping[str, Pin]) -> Toolchain:
+    """One validated toolchain; every pin it names must be a `file` pin of `pins`."""
+    f = _Fields(lock_path, f"toolchain '{name}'", obj)
+    f.check_known(["description", "release", "pins"])
+    toolchain = Toolchain(name=name, description=f.text("description", required=False),
+                          release=f.text("release"), pins=f.name_list("pins"))
+    if not toolchain.pins:
+        raise f.fail("pins", "must name at least one pin")
+    for pin_name in toolchain.pins:
+        if pin_name not in pins:
+            close = difflib.get_close_matches(pin_name, list(pins), n=3, cutoff=0.5)
+            hint = f"; close names: {', '.join(close)}" if close else "; add the pin or fix the name"
+            raise f.fail("pins", f"names unknown pin '{pin_name}'{hint}")
+        if not isinstance(pins[pin_name], FilePin):
+            raise f.fail("pins", f"names '{pin_name}', a {pins[pin_name].kind} pin; a toolchain is made of file pins")
+    return toolchain
+
+
 def _check_unique_filenames(lock_path: Path, pins: Mapping[str, Pin]) -> None:
     # Mirrors store `file` and `git_diff` pins flat as <mirror>/<filename>: two pins sharing a
     # filename would overwrite each other there.
@@ -353,7 +392,7 @@ def _check_unique_filenames(lock_path: Path, pins: Mapping[str, Pin]) -> None:
 def parse_lock(path: Path, data: Any) -> Lock:
     """Validate decoded lock JSON `data` read from `path`."""
     top = _Fields(path, "top level", data)
-    top.check_known(["schema_version", "pins", "stacks"])
+    top.check_known(["schema_version", "pins", "stacks", "toolchains"])
     version = top.obj.get("schema_version")
     if version != SCHEMA_VERSION:
         raise top.fail("schema_version", f"must be {SCHEMA_VERSION}, got {version!r}; use a matching tools/ checkout")
@@ -362,7 +401,9 @@ def parse_lock(path: Path, data: Any) -> Lock:
     _check_unique_filenames(path, pins)
     raw_stacks = _Fields(path, "stacks", top.obj.get("stacks", {})).obj
     stacks = {name: parse_stack(path, name, obj, pins) for name, obj in raw_stacks.items()}
-    return Lock(path=path, pins=pins, stacks=stacks)
+    raw_toolchains = _Fields(path, "toolchains", top.obj.get("toolchains", {})).obj
+    toolchains = {name: parse_toolchain(path, name, obj, pins) for name, obj in raw_toolchains.items()}
+    return Lock(path=path, pins=pins, stacks=stacks, toolchains=toolchains)
 
 
 def read_raw(path: Path) -> Any:
@@ -449,6 +490,9 @@ def canonical_text(data: Mapping[str, Any]) -> str:
             pin["package"] = _ordered(pin["package"], ("name", "version"))
     stacks = {name: _ordered(stack, _STACK_KEY_ORDER) for name, stack in sorted(data.get("stacks", {}).items())}
     top = {"schema_version": data.get("schema_version", SCHEMA_VERSION), "pins": pins, "stacks": stacks}
+    if data.get("toolchains"):
+        top["toolchains"] = {name: _ordered(tc, ("description", "release", "pins"))
+                             for name, tc in sorted(data["toolchains"].items())}
     return _dump(top, 0) + "\n"
 
 

@@ -170,3 +170,22 @@ def test_gpu_suite_fails_on_a_declared_module_missing_from_the_cache(tmp_path: P
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_gpu_suite_refuses_a_tvm_ffi_the_cache_was_not_compiled_against(tmp_path: Path) -> None:
+    """What is tested is what ships: a kernel cache compiled against the stack's apache-tvm-ffi
+    0.1.11 is run with that version, never with whatever tvm-ffi a GPU host happens to have."""
+    from tools.common.errors import UserError
+    from tools.gpu_suite.run import check_tvm_ffi_matches_cache
+    aot = tmp_path / "kc" / "flashinfer" / "data" / "aot"
+    aot.mkdir(parents=True)
+    (aot / "kernel_cache.json").write_text(json.dumps({"toolchain": {"tvm_ffi_version": "0.1.11"}}))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "apache_tvm_ffi-0.1.15.post2-cp312-abi3-manylinux_2_28_x86_64.whl").touch()
+    with pytest.raises(UserError, match=r"apache_tvm_ffi 0\.1\.15\.post2: the kernel cache .* "
+                                         r"against apache-tvm-ffi 0\.1\.11"):
+        check_tvm_ffi_matches_cache(tmp_path / "kc", [wheels])
+    (wheels / "apache_tvm_ffi-0.1.15.post2-cp312-abi3-manylinux_2_28_x86_64.whl").unlink()
+    (wheels / "apache_tvm_ffi-0.1.11-cp312-abi3-manylinux_2_28_x86_64.whl").touch()
+    check_tvm_ffi_matches_cache(tmp_path / "kc", [wheels])

@@ -1,10 +1,10 @@
 """CPU tests for tools/kernel_cache (tag cpu).
 
-Needs the real flashinfer-python 0.6.18 wheel (KIMI_TEST_FLASHINFER_WHEEL), nvcc
-(KIMI_CUDA_HOME, default /usr/local/cuda; missing nvcc fails the test, never skips it), the
-host root compilers run in under Bazel (KIMI_K3_HOST_ROOT, default auto) and, in the
-interpreter, torch (CPU), apache-tvm-ffi, nvidia-ml-py, tqdm, requests, filelock, ninja, the
-nvidia-cuda-nvrtc / nvidia-cublas / nvidia-curand headers and nvidia-cuda-cuobjdump. One small real module
+Needs the real flashinfer-python 0.6.18 wheel (KIMI_TEST_FLASHINFER_WHEEL), the pinned
+toolchain (the CUDA root from the lock's NVIDIA wheels and the bookworm compiler userland, as
+data: KIMI_KC_CUDA_IDENTITY, KIMI_KC_USERLAND_IDENTITY; no CUDA or compiler of the machine) and,
+in the interpreter, torch (CPU), apache-tvm-ffi, nvidia-ml-py, tqdm, requests, filelock, ninja
+and nvidia-cuda-cuobjdump. One small real module
 (silu_and_mul) is compiled through the same code path as the full cache. The "patch" applied
 here is a fixture written by the test (a marker comment), standing in for the patch gate output.
 """
@@ -31,8 +31,8 @@ from tools.kernel_cache.cli import main, parser
 from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, make_plan,
                                      moe_instantiations, parse_ninja, parse_only, read_plan,
                                      render_plan, select_modules)
-from tools.kernel_cache.toolchain import (default_extra_roots, in_root, load_toolchain, os_release,
-                                          resolve_host_root)
+from tests.cpu.conftest import pinned_toolchain_paths
+from tools.kernel_cache.toolchain import load_toolchain, unpack_tvm_ffi
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT, flashinfer_source_digest
 from tools.kernel_cache.verify import check_elf, find_cuobjdump, verify
 
@@ -61,12 +61,7 @@ SILU = {"name": "silu_and_mul", "generator": "flashinfer.jit.activation:gen_act_
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     wheel = Path(_required_env("KIMI_TEST_FLASHINFER_WHEEL"))
-    cuda_home = os.environ.get("KIMI_CUDA_HOME", "/usr/local/cuda")
-    if not (Path(cuda_home) / "bin" / "nvcc").is_file():
-        # A CPU host without CUDA must fail this test, not skip it: the cache is part of the
-        # image, and a green suite that compiled nothing would hide that.
-        pytest.fail(f"KIMI_CUDA_HOME={cuda_home}: no bin/nvcc there; install CUDA 13.0 or point "
-                    "KIMI_CUDA_HOME (Bazel: --//kernel_cache:cuda_home) at its root")
+    cuda_home, userland = pinned_toolchain_paths()
     base = tmp_path_factory.mktemp("kernel_cache")
     # The tool's scratch dirs (probe workspaces, verify views) also go under pytest's tmp.
     saved_tempdir = tempfile.tempdir
@@ -80,10 +75,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with (patched / MARKED_FILE).open("a") as f:
         f.write(f"\n// {MARKER}\n")
     modules = _write_modules(base / "modules.json", [SILU])
-    # Under Bazel's sealed root the compilers run chrooted into the host root (KIMI_K3_HOST_ROOT,
-    # see tools/kernel_cache DEFAULT_HOST_ROOT); by hand on the host they run directly.
-    tc = load_toolchain(cuda_home, default_extra_roots(),
-                        os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
+    tc = load_toolchain(cuda_home, userland)
     out, cache = base / "out", base / "cache"
     kc_build.build(patched, modules, "12.0f", "full", out, 1, cache, tc, 16000, 10)
     plan = make_plan(patched, modules, "12.0f", "full", tc)
@@ -124,7 +116,7 @@ def test_plan_drift_is_named(env: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"module silu_and_mul object .*command differs.*-O3"):
         main(["plan", "--check", "--flashinfer-tree", str(env["patched"]), "--modules",
               str(env["modules"]), "--arch", "12.0f", "--variant", "full", "--cuda-home",
-              env["cuda_home"], "--out", str(path)])
+              env["cuda_home"], "--userland", str(env["tc"].userland), "--out", str(path)])
 
 
 @pytest.mark.parametrize("plan_name", ["plan_120f_full.bzl", "plan_120f_lean.bzl",
@@ -235,7 +227,7 @@ def test_bazel_action_chain_gives_the_same_module(env: dict[str, Any], tmp_path:
     """gen-sources -> compile-object -> link-module -> assemble, as defs.bzl runs them."""
     plan_file = tmp_path / "plan.bzl"
     plan_file.write_text(render_plan(env["plan"]))
-    common = ["--cuda-home", env["cuda_home"]]
+    common = ["--cuda-home", env["cuda_home"], "--userland", str(env["tc"].userland)]
     tree = ["--flashinfer-tree", str(env["patched"])]
     gen, objs = tmp_path / "gen", tmp_path / "objs"
     assert main(["gen-sources", *common, *tree, "--plan", str(plan_file), "--modules",
@@ -293,20 +285,52 @@ def test_object_bytes_do_not_depend_on_where_the_tree_lives(env: dict[str, Any],
     assert outs[0] == outs[1]
 
 
-def test_host_root_settings(tmp_path: Path) -> None:
-    assert resolve_host_root("none") is None
-    assert resolve_host_root("/") is None
-    with pytest.raises(UserError, match=r"--host-root .*: no bin/sh there"):
-        resolve_host_root(str(tmp_path))
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "sh").touch()
-    (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "os-release").write_text('PRETTY_NAME="Fixture OS 1"\n')
-    root = resolve_host_root(str(tmp_path))
-    assert root == tmp_path
-    argv = in_root(root, ["nvcc", "--version"])
-    assert argv[:2] == ["chroot", str(tmp_path)] and argv[-2:] == ["nvcc", "--version"]
-    assert os_release(root) == "Fixture OS 1"
+def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:
+    """The compilers are the lock's: nvcc V13.0.88 from the wheels (identity: their sha256),
+    g++-12 from the bookworm userland (identity: every .deb's sha256); kernel_cache.json records
+    that identity, and nothing of the machine's own CUDA or compiler."""
+    tc = env["tc"]
+    ident = tc.identity()
+    assert tc.nvcc_version_text == "13.0 V13.0.88"
+    assert "nvidia-cuda-nvcc-13.0.88" in ident["cuda"]["pinned"]["pins"]
+    assert ident["userland"]["packages"]["g++-12"]["version"].startswith("12.")
+    assert "g++-12" in tc.cxx_version or "12." in tc.cxx_version
+    # The wrappers run the userland's compiler with --sysroot: its headers, not the system's.
+    proc = tc.run(["g++", "-v", "-E", "-x", "c++", "/dev/null"])
+    assert proc.returncode == 0, proc.stderr
+    search = proc.stderr.split("search starts here:")[-1].split("End of search list.")[0].split()
+    # The sysroot's dirs by the given path, gcc's own by where its binary really is (a sandbox
+    # links each input file to it).
+    real_root = str(Path(os.path.realpath(tc.userland / "usr" / "bin" / "g++-12")).parents[2])
+    assert search and all(p.startswith((str(tc.userland) + "/", real_root + "/"))
+                          for p in search), search
+    assert not [p for p in search if p.startswith(("/usr/", "/usr/local/"))], search
+    assert tc.run(["g++", "-print-prog-name=as"]).stdout.strip() == "as"
+    which_as = subprocess.run(["sh", "-c", "command -v as"], capture_output=True, text=True,
+                              env=tc.env()).stdout.strip()
+    assert which_as == str(tc.userland / "usr" / "bin" / "as"), which_as
+    built = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    assert built["toolchain"] == ident
+    assert "/usr/local/cuda" not in json.dumps(built)
+
+
+def test_unpack_tvm_ffi_takes_headers_and_version_from_the_wheel(tmp_path: Path) -> None:
+    wheel = tmp_path / "apache_tvm_ffi-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("tvm_ffi/include/tvm/ffi/c_api.h", "// header\n")
+        z.writestr("tvm_ffi/__init__.py", "")
+        z.writestr("apache_tvm_ffi-9.9.9.dist-info/METADATA", "Name: apache-tvm-ffi\nVersion: 9.9.9\n")
+    out = unpack_tvm_ffi(wheel, tmp_path / "tvm")
+    assert (out / "include" / "tvm" / "ffi" / "c_api.h").read_text() == "// header\n"
+    assert not (out / "__init__.py").exists()
+    assert json.loads((out / "kimi-k3-tvm-ffi.json").read_text())["version"] == "9.9.9"
+    bad = tmp_path / "not-tvm.whl"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("x/y.h", "")
+    with pytest.raises(UserError, match=r"--wheel .*not-tvm.whl: no tvm_ffi/include/"):
+        unpack_tvm_ffi(bad, tmp_path / "tvm2")
+    assert not (tmp_path / "tvm2").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_only_selects_modules_and_names_typos(env: dict[str, Any]) -> None:
@@ -383,8 +407,7 @@ class _FakeToolchain:
     """What build()/assemble() read from a Toolchain, without a CUDA install."""
     nvcc_release = "13.0"
     cuda_home = Path("/nonexistent/cuda")
-    extra_roots: tuple[Path, ...] = ()
-    host_root = None
+    userland = None
 
     def identity(self) -> dict[str, Any]:
         return {"fake": True}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu.conftest import env_path
+from tests.cpu.conftest import env_path, pinned_toolchain_paths
 from tools.kernel_cache.cli import main
 from tools.kernel_cache.plan import read_plan
 
@@ -29,8 +29,8 @@ def test_checked_in_plan_matches_the_patched_tree(tmp_path: Path) -> None:
         "--flashinfer-tree", str(env_path("KIMI_FLASHINFER_TREE")),
         "--modules", str(env_path("KIMI_KC_MODULES")),
         "--arch", checked_in["arch"], "--variant", checked_in["variant"],
-        "--cuda-home", str(env_path("KIMI_CUDA_HOME")),
-        "--host-root", os.environ.get("KIMI_K3_HOST_ROOT") or "auto",
+        "--cuda-home", pinned_toolchain_paths()[0],
+        "--userland", pinned_toolchain_paths()[1],
         "--out", str(plan),
     ]) == 0
 

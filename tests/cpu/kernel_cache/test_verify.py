@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu.conftest import env_path
+from tests.cpu.conftest import env_path, pinned_toolchain_paths
 from tools.kernel_cache.actions import CACHE_JSON_NAME
-from tools.kernel_cache.toolchain import default_extra_roots, load_toolchain
+from tools.kernel_cache.toolchain import load_toolchain
 from tools.kernel_cache.tree import AOT_SUBDIR
 from tools.kernel_cache.verify import verify
 
@@ -28,8 +28,7 @@ def test_built_cache_verifies(tmp_path: Path) -> None:
     tempfile.tempdir = str(tmp_path)
     cache = env_path("KIMI_KC_CACHE")
     only = [n for n in env_path("KIMI_KC_ONLY_FILE").read_text().strip().split(",") if n]
-    tc = load_toolchain(str(env_path("KIMI_CUDA_HOME")), default_extra_roots(),
-                        os.environ.get("KIMI_K3_HOST_ROOT") or "auto")
+    tc = load_toolchain(*pinned_toolchain_paths())
     report = verify(cache, env_path("KIMI_FLASHINFER_TREE"), env_path("KIMI_KC_MODULES"),
                     sys.executable, tc, None, require_load=True, driver_stub=True,
                     arch="12.0f", only=only)

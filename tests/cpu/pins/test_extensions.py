@@ -1,4 +1,4 @@
-"""tools/pins/private/pins.bzl: every pin repository re-runs when a Python file its fetch command
+"""tools/pins/private/fetch.bzl (used by pins.bzl): every pin repository re-runs when a Python file its fetch command
 imports changes. The rule watches whole tool packages (no hand-kept file list); this checks that
 those packages cover every module `python3 -m tools.fetch` loads, so a new import of another
 package cannot go unwatched."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).absolute().parents[3]
-PINS_BZL = REPO_ROOT / "tools" / "pins" / "private" / "pins.bzl"
+PINS_BZL = REPO_ROOT / "tools" / "pins" / "private" / "fetch.bzl"
 
 
 def watched() -> tuple[list[Path], list[Path]]:

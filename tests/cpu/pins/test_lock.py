@@ -82,3 +82,35 @@ def test_unreadable_lock_is_a_one_line_error(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_toolchains_name_file_pins_of_the_lock(tmp_path: Path) -> None:
+    """A toolchain (the kernel stage's CUDA root) is made of file pins of the same lock: an
+    unknown name, a git pin, an empty list or an unknown field is a one-line error naming it."""
+    pins = {"a": a_file_pin(), "g": a_diff_pin()}
+
+    def load(toolchains: dict[str, Any]) -> lockfile.Lock:
+        path = tmp_path / "pins.lock.json"
+        path.write_text(json.dumps({"schema_version": 1, "pins": pins, "stacks": {},
+                                    "toolchains": toolchains}))
+        return lockfile.load(path)
+
+    lock = load({"cuda": {"release": "13.0", "pins": ["a"]}})
+    assert lock.toolchain("cuda").pins == ("a",) and lock.toolchain("cuda").release == "13.0"
+    with pytest.raises(UserError, match=r"toolchain 'nope' is not in the lock; toolchains: cuda"):
+        lock.toolchain("nope")
+    for bad, expected in [
+        ({"release": "13.0", "pins": ["b"]}, "toolchain 'cuda': pins names unknown pin 'b'"),
+        ({"release": "13.0", "pins": ["g"]}, "names 'g', a git_diff pin; a toolchain is made of file pins"),
+        ({"release": "13.0", "pins": []}, "toolchain 'cuda': pins must name at least one pin"),
+        ({"release": "13.0", "pins": ["a"], "pin": []}, "field 'pin' is not part of the schema"),
+        ({"pins": ["a"]}, "toolchain 'cuda': release"),
+    ]:
+        with pytest.raises(UserError) as e:
+            load({"cuda": bad})
+        assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    # The canonical writer keeps the section (a lock rewrite must not drop the toolchain).
+    data = {"schema_version": 1, "pins": pins, "stacks": {},
+            "toolchains": {"cuda": {"pins": ["a"], "release": "13.0", "description": "d"}}}
+    assert '"toolchains"' in lockfile.canonical_text(data)
+    assert lockfile.parse_lock(tmp_path / "x", json.loads(lockfile.canonical_text(data))).toolchains

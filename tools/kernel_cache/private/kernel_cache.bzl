@@ -42,8 +42,7 @@ def _kernel_cache_impl(ctx):
     # else: an edit elsewhere in tools/ (or to the non-Bazel build, verify) must not invalidate
     # hours of compiled objects (every action's key includes these inputs).
     tool_files = ctx.attr._tool[DefaultInfo].default_runfiles.files
-    cuda_home = _setting(ctx.attr._cuda_home)
-    host_root = _setting(ctx.attr._host_root)
+    local_cuda = _setting(ctx.attr._cuda_home)
     only = sorted({n.strip(): None for v in _setting(ctx.attr._only) for n in v.split(",") if n.strip()}.keys())
     known = [m["name"] for m in plan["modules"]]
     unknown = [n for n in only if n not in known]
@@ -57,20 +56,46 @@ def _kernel_cache_impl(ctx):
     modules = [m for m in plan["modules"] if not only or m["name"] in only]
 
     # The tool runs from the execroot as `python -m tools.kernel_cache`; it strips FLASHINFER_*
-    # and compiler variables itself. PATH must reach chroot (/usr/sbin) and the host's c++.
+    # and compiler variables itself and puts the userland's compilers first on PATH.
     env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "PATH": "/usr/bin:/bin",
         "PYTHONPATH": ".",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
     }
-    common = ["--cuda-home", cuda_home, "--host-root", host_root]
     plan_file = ctx.file.plan_file
-    # The toolchain fingerprint (nvcc, host compilers) is in every action's key. The plan file is
-    # not: compile and link actions read their own entry (a spec file written below, same fields
-    # as tools/kernel_cache/actions.py object_spec/link_spec), so lean and full share identical objects
-    # and a regenerated plan recompiles only the objects whose command changed.
-    base_inputs = depset([ctx.file._toolchain_fingerprint], transitive = [tool_files])
+
+    # The compilers are declared inputs of every action: the pinned CUDA root and the compiler
+    # userland (each file, so the keys change exactly when a pinned byte does), tvm-ffi's headers
+    # from the stack's own wheel. Paths are exec-root relative, the same in every checkout.
+    tvm_ffi = ctx.actions.declare_directory(ctx.label.name + "_tvm_ffi")
+    ctx.actions.run(
+        executable = py.interpreter_path,
+        arguments = ["-m", "tools.kernel_cache", "unpack-tvm-ffi", "--wheel", ctx.file._tvm_ffi_wheel.path, "--out", tvm_ffi.path],
+        inputs = depset([ctx.file._tvm_ffi_wheel], transitive = [tool_files]),
+        outputs = [tvm_ffi],
+        env = env,
+        mnemonic = "KernelCacheTvmFfi",
+        progress_message = "Unpacking tvm-ffi headers from %s" % ctx.file._tvm_ffi_wheel.basename,
+    )
+    userland = ctx.file._userland_identity.dirname
+    toolchain_files = [ctx.attr._userland[DefaultInfo].files]
+    if local_cuda:
+        # The escape hatch: a local CUDA is not a declared input, so its actions stay off remote
+        # caches and executors (their keys cannot tell two local CUDAs apart).
+        cuda_home = local_cuda
+        exec_reqs = {"no-remote": "1"}
+    else:
+        cuda_home = ctx.file._cuda_identity.dirname
+        toolchain_files.append(ctx.attr._cuda[DefaultInfo].files)
+        exec_reqs = {}
+    common = ["--cuda-home", cuda_home, "--userland", userland, "--tvm-ffi", tvm_ffi.path]
+
+    # The plan file is not an input of compile and link actions: they read their own entry (a
+    # spec file written below, same fields as tools/kernel_cache/actions.py object_spec/
+    # link_spec), so lean and full share identical objects and a regenerated plan recompiles
+    # only the objects whose command changed.
+    base_inputs = depset([tvm_ffi], transitive = [tool_files] + toolchain_files)
 
     def run(args, inputs, outputs, mnemonic, progress, **kwargs):
         ctx.actions.run(
@@ -81,11 +106,9 @@ def _kernel_cache_impl(ctx):
             env = env,
             mnemonic = mnemonic,
             progress_message = progress,
+            execution_requirements = exec_reqs,
             **kwargs
         )
-
-    # Compilers run chrooted into the host root: the real execroot, not a sandbox, must be there.
-    local = {"no-sandbox": "1", "no-remote-exec": "1"}
     total = 0
     for m in modules:
         total += len(m["objects"])
@@ -149,7 +172,6 @@ def _kernel_cache_impl(ctx):
                 # Bazel has no global counter; the object's index in the wired plan stands in.
                 "FlashInfer object %d/%d: %s/%s (~%d MB)" % (index, total, name, obj["out"], obj["mem_mb"]),
                 resource_set = _resources(obj["mem_mb"]),
-                execution_requirements = local,
             )
             objects.append(out)
         so = ctx.actions.declare_file("%s/%s.so" % (ctx.label.name, name))
@@ -176,7 +198,6 @@ def _kernel_cache_impl(ctx):
             [so],
             "KernelCacheLink",
             "Linking FlashInfer module %s (%d objects)" % (name, len(objects)),
-            execution_requirements = local,
         )
         module_sos.append(so)
         assemble_args += ["--module-so", "%s=%s" % (name, so.path)]
@@ -213,9 +234,12 @@ _kernel_cache = rule(
         "modules": attr.label(allow_single_file = True, default = "//kernel_cache:modules.json"),
         "flashinfer_tree": attr.label(mandatory = True, providers = [OutputGroupInfo], doc = "patched_tree target (output group tree)"),
         "_cuda_home": attr.label(default = "//kernel_cache:cuda_home"),
-        "_host_root": attr.label(default = "//kernel_cache:host_root"),
         "_only": attr.label(default = "//kernel_cache:only"),
-        "_toolchain_fingerprint": attr.label(allow_single_file = True, default = "@kimi_cuda_toolchain//:fingerprint.txt"),
+        "_cuda": attr.label(default = "@kimi_cuda//:root"),
+        "_cuda_identity": attr.label(allow_single_file = True, default = "@kimi_cuda//:identity"),
+        "_userland": attr.label(default = "@kimi_cxx_userland//:root"),
+        "_userland_identity": attr.label(allow_single_file = True, default = "@kimi_cxx_userland//:identity"),
+        "_tvm_ffi_wheel": attr.label(allow_single_file = True, default = "@pins//stack:tvm_ffi"),
         "_tool": attr.label(default = "//tools/kernel_cache:actions", providers = [PyInfo]),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],

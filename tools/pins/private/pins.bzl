@@ -17,54 +17,14 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //:stacks.bzl        STACKS (stack names) and PATCH_PINS (stack -> patch pins) for BUILD files
 """
 
+load(":fetch.bzl", "fetch_pin_file")
+
 def _repo_name(pin):
     return "pin_" + "".join([c if c.isalnum() else "_" for c in pin.elems()])
 
-# `python3 -m tools.fetch` imports tools, tools.fetch, tools.pins (lock) and tools.common
-# (tools/fetch/__init__.py states that graph): a file of each package, whose directory is watched.
-_TOOL_PACKAGES = [
-    Label("//tools/fetch:BUILD.bazel"),
-    Label("//tools/pins:BUILD.bazel"),
-    Label("//tools/common:BUILD.bazel"),
-]
-_TOOL_FILES = [Label("//tools:__init__.py")]
-
-def _watch_python_sources(rctx):
-    """Watch every .py file of the tool packages (subdirectories too), but not the directory
-    listings (readdir(watch = "no")): `__pycache__` appearing after a plain `python3 -m
-    tools.fetch` run must not re-run every pin, and a new module only matters once an existing,
-    watched, module imports it."""
-    for label in _TOOL_FILES:
-        rctx.watch(rctx.path(label))
-    todo = [rctx.path(label).dirname for label in _TOOL_PACKAGES]
-    for _ in range(10000):  # Starlark has no while loop; the trees are small
-        if not todo:
-            break
-        directory = todo.pop()
-        for entry in directory.readdir(watch = "no"):
-            if entry.basename == "__pycache__":
-                continue
-            if entry.is_dir:
-                todo.append(entry)
-            elif entry.basename.endswith(".py"):
-                rctx.watch(entry)
-
 def _pinned_file_impl(rctx):
-    python = rctx.os.environ.get("KIMI_K3_PYTHON", "") or "python3.11"
-    workspace = rctx.path(rctx.attr._module_file).dirname
     rctx.file("pin.lock.json", rctx.attr.pin_json)
-    _watch_python_sources(rctx)
-    out = "file/" + rctx.attr.filename
-    args = [python, "-m", "tools.fetch", "fetch", "--lock", "pin.lock.json", "--pin", rctx.attr.pin, "--out", out]
-    env = {"PYTHONPATH": str(workspace), "PYTHONDONTWRITEBYTECODE": "1"}
-    for k in ["KIMI_K3_CACHE", "KIMI_K3_MIRROR", "http_proxy", "https_proxy", "no_proxy"]:
-        if k in rctx.os.environ:
-            env[k] = rctx.os.environ[k]
-    rctx.report_progress("fetching pin %s" % rctx.attr.pin)
-    res = rctx.execute(args, environment = env, timeout = 7200, quiet = False)
-    if res.return_code != 0:
-        # tools/fetch prints a one-line `error: ...` naming the pin and the fix.
-        fail("pin '%s': %s" % (rctx.attr.pin, (res.stderr.strip().splitlines() or ["fetch failed"])[-1]))
+    fetch_pin_file(rctx, "pin.lock.json", rctx.attr.pin, "file/" + rctx.attr.filename)
     rctx.file("file/BUILD.bazel", 'exports_files(["{f}"])\nfilegroup(name = "file", srcs = ["{f}"], visibility = ["//visibility:public"])\n'.format(f = rctx.attr.filename))
     rctx.file("BUILD.bazel", "")
 
