@@ -53,7 +53,7 @@ from typing import Iterator, Sequence
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
-from tools.image.layout import blob_path, read_index_manifest, sha256_digest
+from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, sha256_digest
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 USER_ENV, PASSWORD_ENV = "KIMI_K3_REGISTRY_USERNAME", "KIMI_K3_REGISTRY_PASSWORD"
@@ -524,6 +524,38 @@ def print_result(r: PushResult) -> None:
         print(f"tagged:          {repo}:{t}")
 
 
+LAYER_ANNOTATION = LABEL_PREFIX + "layer"  # how tools/image/layout.py names each layer
+_KERNEL_CACHE_JSON = "flashinfer/data/aot/kernel_cache.json"
+
+
+def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, str]]:
+    """([(layer name, digest, size)], {kernel module: sha256}) of a layout: what a user compares
+    with another machine's build (docs/DIGESTS.md) to find the layer, and inside the kernel-cache
+    layer the module, whose bytes differ."""
+    import tarfile
+    _, manifest_bytes = read_index_manifest(layout)
+    layers = [(l.get("annotations", {}).get(LAYER_ANNOTATION, "?"), l["digest"], int(l["size"]))
+              for l in json.loads(manifest_bytes)["layers"]]
+    modules: dict[str, str] = {}
+    for name, digest, _ in layers:
+        if name != "kernel_cache":
+            continue
+        with tarfile.open(blob_path(layout, digest)) as tar:
+            for member in tar:
+                if member.isfile() and member.name.lstrip("./").endswith(_KERNEL_CACHE_JSON):
+                    data = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
+                    modules = {m: v["sha256"] for m, v in sorted(data.get("modules", {}).items())}
+    return layers, modules
+
+
+def print_contents(layout: Path) -> None:
+    layers, modules = image_contents(layout)
+    for name, digest, size in layers:
+        print(f"layer {name:<13} {digest} {size} bytes")
+    for name, sha in modules.items():
+        print(f"kernel module {name:<24} sha256:{sha}")
+
+
 def default_repository_path(layout: Path) -> str:
     try:
         desc, manifest_bytes = read_index_manifest(layout)
@@ -553,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reg = local_registry()
         repo = Repository(reg.host, default_repository_path(args.layout))
     print_result(push(args.layout, repo, args.tag, args.authfile))
+    print_contents(args.layout)
     return 0
 
 

@@ -133,6 +133,30 @@ def layer_digests(layout: Path) -> dict[str, str]:
     return {l["annotations"]["org.kimi-k3.layer"]: l["digest"] for l in manifest_of(layout)["layers"]}
 
 
+def test_push_prints_each_layer_and_kernel_module_digest(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """What `bazel run //image:push` prints so two machines can find the layer, and in the
+    kernel-cache layer the module, whose bytes differ (docs/DIGESTS.md records the reference)."""
+    cache_json = {"modules": {"norm": {"sha256": "a" * 64}, "silu_and_mul": {"sha256": "b" * 64}}}
+    kc = write_tree(tmp_path / "kc", {"flashinfer/data/aot/kernel_cache.json": json.dumps(cache_json),
+                                      "flashinfer/data/aot/norm/norm.so": "x"})
+    other = write_tree(tmp_path / "other", {"etc/hostname": "x\n"})
+    argv = ["--out", str(tmp_path / "layout")]
+    for name, tree in (("base", other), ("kernel_cache", kc)):
+        desc, blob = build_layer(tmp_path / "layers", name, tree=[f"/={tree}"])
+        argv += ["--layer", str(desc), str(blob)]
+    assert oci_image.main(argv) == 0
+    layers, modules = oci_push.image_contents(tmp_path / "layout")
+    assert [n for n, _, _ in layers] == ["base", "kernel_cache"]
+    assert layers[1][1] == layer_digests(tmp_path / "layout")["kernel_cache"]
+    assert modules == {"norm": "a" * 64, "silu_and_mul": "b" * 64}
+    capsys.readouterr()
+    oci_push.print_contents(tmp_path / "layout")
+    out = capsys.readouterr().out
+    assert f"layer kernel_cache  {layers[1][1]} {layers[1][2]} bytes" in out
+    assert f"kernel module norm" in out and "sha256:" + "a" * 64 in out
+
+
 def registry_tags(reg_host: str, path: str) -> list[str]:
     try:
         with urllib.request.urlopen(f"http://{reg_host}/v2/{path}/tags/list", timeout=5) as r:
