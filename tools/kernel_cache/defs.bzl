@@ -29,15 +29,20 @@ toolchain's identity (pins by sha256) into kernel_cache.json.
 Every action's tool inputs are the sources of the py_library //tools/kernel_cache:actions (and its
 deps), so only an edit to what the actions run invalidates compiled objects.
 
+    flashinfer_tree_stand_in(name)
+
+an empty tree for a cache target that is only analysed (//kernel_cache:spec_cache).
+
 ARCHS, VARIANTS, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's BUILD
 file declares its settings and plans from.
 """
 
 load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _PLAN_FILES = "PLAN_FILES", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
-load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache")
+load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache", _flashinfer_tree_stand_in = "flashinfer_tree_stand_in")
 
 ARCHS = _ARCHS
 PLAN_FILES = _PLAN_FILES
 SPEC_SCHEMA = _SPEC_SCHEMA
 VARIANTS = _VARIANTS
 flashinfer_kernel_cache = _flashinfer_kernel_cache
+flashinfer_tree_stand_in = _flashinfer_tree_stand_in

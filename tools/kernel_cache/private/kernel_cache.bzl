@@ -245,6 +245,18 @@ _kernel_cache = rule(
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
 )
 
+def _tree_stand_in_impl(ctx):
+    tree = ctx.actions.declare_directory(ctx.label.name)
+    ctx.actions.run_shell(outputs = [tree], command = "mkdir -p " + tree.path, mnemonic = "TreeStandIn")
+    return [OutputGroupInfo(tree = depset([tree]))]
+
+flashinfer_tree_stand_in = rule(
+    implementation = _tree_stand_in_impl,
+    doc = """An empty directory in place of the patch gate's tree, for targets that are only analysed
+(their spec files are analysis-time writes) and so must not need the tree's inputs: on the
+default stack the tree needs FlashInfer #4460, a GitHub-only pin.""",
+)
+
 def _plan_select(plans, arch, what):
     """select() over the build settings giving plans[(arch, variant)] for each planned combo."""
     branches = {}
