@@ -208,6 +208,8 @@ def write_cache_json(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping
         "patched_source_digest": plan["patched_source_digest"],
         "arch_list": plan["arch"],
         "variant": plan["variant"],
+        # The kernel selection (absent for `full`, as in caches built before selections).
+        **({"selection": plan["selection"]} if "selection" in plan else {}),
         "source_markers": plan["source_markers"],
         "toolchain": tc.identity(),
         "toolchain_digest": tc.digest(),

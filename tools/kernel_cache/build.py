@@ -18,6 +18,7 @@ from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.progress import ItemProgress
 from tools.kernel_cache.actions import Fill, assemble, check_nvcc, compile_one, link_one
 from tools.kernel_cache.plan import describe_drift, make_plan, read_plan, select_modules
+from tools.kernel_cache.selection import FULL
 from tools.kernel_cache.toolchain import Toolchain, write_cuda_stubs
 from tools.kernel_cache.tree import AOT_SUBDIR, check_tree, log
 
@@ -109,7 +110,8 @@ def run_jobs(jobs: list[Job], fill_for: Callable[[Job], Fill], jobs_n: int, mem_
 
 def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jobs_n: int,
           cache_dir: Path, tc: Toolchain, mem_budget_mb: int, nice: int,
-          plan_path: Path | None = None, only: Sequence[str] = ()) -> dict[str, Any]:
+          plan_path: Path | None = None, only: Sequence[str] = (), selection: str = FULL,
+          selections_path: Path | None = None) -> dict[str, Any]:
     """Objects and modules are shared through cache_dir (content-addressed, each checked against
     its record before reuse); generated sources and link stubs are this run's own: another build
     may be using the same cache (and tree) at the same time."""
@@ -119,16 +121,19 @@ def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jo
                                     dir=cache_dir / "gen"))
     try:
         return _build_in(tree, modules_path, arch, variant, out, jobs_n, cache_dir, tc,
-                         mem_budget_mb, nice, plan_path, only, run_dir)
+                         mem_budget_mb, nice, plan_path, only, run_dir, selection,
+                         selections_path)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _build_in(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jobs_n: int,
               cache_dir: Path, tc: Toolchain, mem_budget_mb: int, nice: int,
-              plan_path: Path | None, only: Sequence[str], run_dir: Path) -> dict[str, Any]:
+              plan_path: Path | None, only: Sequence[str], run_dir: Path, selection: str,
+              selections_path: Path | None) -> dict[str, Any]:
     gen_root = run_dir / "gen"
-    plan = make_plan(tree, modules_path, arch, variant, tc, gen_out=gen_root)
+    plan = make_plan(tree, modules_path, arch, variant, tc, gen_out=gen_root,
+                     selection=selection, selections_path=selections_path)
     if plan_path is not None:
         drift = describe_drift(read_plan(plan_path), plan)
         if drift:
@@ -153,8 +158,11 @@ def _build_in(tree: Path, modules_path: Path, arch: str, variant: str, out: Path
     sos: dict[str, Path] = {}
     for m in plan["modules"]:
         objs = [j.path for j in jobs if j.module is m]
+        # The objects' keys, not only their names: a kernel selection's objects share names
+        # with the full plan's (e.g. the binding) while their contents differ.
         link_key = sha256_bytes(json.dumps(
-            {"link": m["link"], "objects": [p.name for p in objs], "tc": tc_digest},
+            {"link": m["link"], "objects": [p.name for p in objs], "tc": tc_digest,
+             "object_keys": [j.key for j in jobs if j.module is m]},
             sort_keys=True).encode())
         so = cache_dir / "modules" / link_key[:2] / f"{link_key}.so"
         if not cached_file_ok(so):

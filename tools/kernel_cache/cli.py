@@ -35,6 +35,7 @@ from tools.kernel_cache.modules import VARIANTS, check_arch, load_modules
 from tools.kernel_cache.plan import (describe_drift, find_module, make_plan, parse_only,
                                      read_plan, render_plan, select_modules)
 from tools.kernel_cache.probe import probe_main, run_probe
+from tools.kernel_cache.selection import FULL, planned_selections
 from tools.kernel_cache.toolchain import (Toolchain, load_toolchain, unpack_tvm_ffi,
                                           write_cuda_stubs)
 from tools.kernel_cache.tree import check_tree, dir_digest, log
@@ -54,6 +55,14 @@ def _add_common(p: argparse.ArgumentParser, tree: bool = True) -> None:
                    help="the stack's apache-tvm-ffi as `unpack-tvm-ffi` writes it; default: the "
                         "running interpreter's")
     p.add_argument("--nice", type=int, default=10, help="niceness of compiler processes")
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--selection", default=FULL,
+                   help="kernel selection (kernel_cache/selections.json); default: full, "
+                        "everything FlashInfer compiles")
+    p.add_argument("--selections", type=Path,
+                   help="the selections file (default: selections.json beside --modules)")
 
 
 def _toolchain(args: argparse.Namespace) -> Toolchain:
@@ -89,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="12.0f")
     p.add_argument("--variant", choices=VARIANTS, default="full",
                    help="full (default): FlashInfer's own flags; lean: use_fast_build=True")
+    _add_selection(p)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--check", action="store_true", help="compare with --out instead of writing")
 
@@ -135,6 +145,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="12.0f")
     p.add_argument("--variant", choices=VARIANTS, default="full",
                    help="full (default): FlashInfer's own flags; lean: use_fast_build=True")
+    _add_selection(p)
     p.add_argument("--plan", type=Path, help="fail if this checked-in plan drifted")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("-j", "--jobs", type=int, default=1)
@@ -175,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "plan":
         check_arch(args.arch)
         tc = _toolchain(args)
-        plan = make_plan(args.flashinfer_tree, args.modules, args.arch, args.variant, tc)
+        plan = make_plan(args.flashinfer_tree, args.modules, args.arch, args.variant, tc,
+                         selection=args.selection, selections_path=args.selections)
         if args.check:
             drift = describe_drift(read_plan(args.out), plan)
             if drift:
@@ -196,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.absolute().parent))
         try:
             run_probe(check_tree(args.flashinfer_tree), decls, plan["arch"], plan["variant"], tc,
-                      gen_out=tmp)
+                      gen_out=tmp, selections=planned_selections(plan))
             got = dir_digest(tmp / args.module)
             if got != module["gen_digest"]:
                 raise UserError(f"module {args.module}: generated sources {got[:16]} differ from "
@@ -250,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_arch(args.arch)
         tc = _toolchain(args)
         build(args.flashinfer_tree, args.modules, args.arch, args.variant, args.out, args.jobs,
-              args.cache_dir.absolute(), tc, args.mem_budget_mb, args.nice, args.plan, args.only)
+              args.cache_dir.absolute(), tc, args.mem_budget_mb, args.nice, args.plan, args.only,
+              selection=args.selection, selections_path=args.selections)
         return 0
     if args.cmd == "verify":
         from tools.kernel_cache.verify import verify  # not an action's import: see module doc

@@ -6,8 +6,9 @@ one action per FlashInfer object.
 builds the AOT layout `<name>_aot/flashinfer/data/aot/<module>/<module>.so` + kernel_cache.json
 from the patch gate's tree (`//flashinfer_patches:flashinfer_tree`, output group `tree`). The
 checked-in plan (kernel_cache/plan_<arch>_<variant>.bzl) is picked by the build settings
-`//kernel_cache:arch` (12.0f | 9.0a; fixed when `arch` is given) and `//kernel_cache:variant`
-(full | lean), so every object is known at analysis time. Action graph:
+`//kernel_cache:arch` (12.0f | 9.0a; fixed when `arch` is given), `//kernel_cache:selection`
+(default | full | kimi-k3 | gpu-test-sm90) and `//kernel_cache:variant` (full | lean, for the
+`full` selection), so every object is known at analysis time. Action graph:
 
     gen-sources (per module with generated sources)
       -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel never
@@ -29,20 +30,30 @@ toolchain's identity (pins by sha256) into kernel_cache.json.
 Every action's tool inputs are the sources of the py_library //tools/kernel_cache:actions (and its
 deps), so only an edit to what the actions run invalidates compiled objects.
 
+    kernel_cache_plan_settings(selection, variant, stack)
+
+the config settings that pick a plan by arch, selection, variant and stack
+(private/plan_settings.bzl).
+
     flashinfer_tree_stand_in(name)
 
 an empty tree for a cache target that is only analysed (//kernel_cache:spec_cache).
 
-ARCHS, VARIANTS, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's BUILD
-file declares its settings and plans from.
+ARCHS, VARIANTS, SELECTIONS, DEFAULT_SELECTION, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's
+BUILD file declares its settings and plans from (a plan is picked by arch and "plan": a variant
+of the `full` selection, or a kernel selection's name; see //kernel_cache:BUILD.bazel).
 """
 
-load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _PLAN_FILES = "PLAN_FILES", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
+load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _DEFAULT_SELECTION = "DEFAULT_SELECTION", _PLAN_FILES = "PLAN_FILES", _SELECTIONS = "SELECTIONS", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
 load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache", _flashinfer_tree_stand_in = "flashinfer_tree_stand_in")
+load("//tools/kernel_cache/private:plan_settings.bzl", _kernel_cache_plan_settings = "kernel_cache_plan_settings")
 
 ARCHS = _ARCHS
+DEFAULT_SELECTION = _DEFAULT_SELECTION
 PLAN_FILES = _PLAN_FILES
+SELECTIONS = _SELECTIONS
 SPEC_SCHEMA = _SPEC_SCHEMA
 VARIANTS = _VARIANTS
 flashinfer_kernel_cache = _flashinfer_kernel_cache
 flashinfer_tree_stand_in = _flashinfer_tree_stand_in
+kernel_cache_plan_settings = _kernel_cache_plan_settings

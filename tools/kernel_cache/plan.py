@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 from tools.common.errors import UserError
 from tools.kernel_cache.modules import check_markers, load_modules
 from tools.kernel_cache.probe import run_probe
+from tools.kernel_cache.selection import FULL, module_selections
 from tools.kernel_cache.toolchain import Toolchain
 from tools.kernel_cache.tree import check_tree, flashinfer_source_digest, log
 
@@ -195,9 +196,12 @@ def plan_module(probe: Mapping[str, Any], mod: Mapping[str, Any], arch: str) -> 
     # rglob order (generated .cu files) depends on the filesystem: sort so plans and link
     # order are reproducible.
     objects.sort(key=lambda o: o["out"])
-    return {"name": name, "generator": mod["generator"], "kwargs": mod["kwargs"],
-            "gen_digest": mod["gen_digest"], "gen_files": mod["gen_files"],
-            "objects": objects, "link": link}
+    entry = {"name": name, "generator": mod["generator"], "kwargs": mod["kwargs"],
+             "gen_digest": mod["gen_digest"], "gen_files": mod["gen_files"],
+             "objects": objects, "link": link}
+    if "kernel_selection" in mod:  # absent for `full`: its plans keep their bytes
+        entry["kernel_selection"] = mod["kernel_selection"]
+    return entry
 
 
 _MOE_INSTANCE = re.compile(r"INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\(([^;]*?)\);", re.S)
@@ -219,17 +223,30 @@ def moe_instantiations(gen_dir: Path) -> list[str]:
 
 def make_plan(tree: Path, modules_path: Path, arch: str, variant: str, tc: Toolchain,
               python: str | None = None, gen_out: Path | None = None,
-              enforce_markers: bool = True) -> dict[str, Any]:
-    """enforce_markers=False only for comparing commands against an unpatched wheel."""
+              enforce_markers: bool = True, selection: str = FULL,
+              selections_path: Path | None = None) -> dict[str, Any]:
+    """enforce_markers=False only for comparing commands against an unpatched wheel.
+    selection: a name in selections_path (default: selections.json beside modules_path);
+    `full` compiles everything and adds no field, so plans made before selections stay valid."""
     tree = check_tree(tree)
     decls = [d for d in load_modules(modules_path) if d.applies_to(arch)]
     if not decls:
         raise UserError(f"--modules {modules_path}: no module applies to arch {arch}")
+    # `full` needs no selections file (a modules.json elsewhere, e.g. a test's, has none beside it).
+    chosen = None if selection == FULL and selections_path is None else module_selections(
+        selections_path or modules_path.parent / "selections.json", selection, arch)
+    unknown = sorted(set(chosen or ()) - {d.name for d in decls})
+    if unknown:
+        raise UserError(f"--selection {selection}: modules {unknown} are not declared for arch "
+                        f"{arch} in {modules_path}")
     markers = check_markers(tree, decls) if enforce_markers else []
-    log(f"probing {len(decls)} FlashInfer generators for arch {arch} ({variant})")
-    probe = run_probe(tree, decls, arch, variant, tc, gen_out=gen_out, python=python)
+    log(f"probing {len(decls)} FlashInfer generators for arch {arch} ({variant}, selection "
+        f"{selection})")
+    probe = run_probe(tree, decls, arch, variant, tc, gen_out=gen_out, python=python,
+                      selections=chosen)
     modules = [plan_module(probe, m, arch) for m in probe["modules"]]
     return {
+        **({"selection": selection} if chosen is not None else {}),
         "schema_version": PLAN_SCHEMA,
         "flashinfer_version": probe["flashinfer_version"],
         "arch": arch,
@@ -295,7 +312,8 @@ def read_plan(path: Path) -> dict[str, Any]:
 
 def describe_drift(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """First difference between two plans, named by module/object/field, or None."""
-    for key in ("flashinfer_version", "arch", "variant", "patched_source_digest", "nvcc_release"):
+    for key in ("flashinfer_version", "arch", "variant", "selection", "patched_source_digest",
+                "nvcc_release"):
         if old.get(key) != new.get(key):
             return f"{key}: checked in {old.get(key)!r}, generated {new.get(key)!r}"
     om = {m["name"]: m for m in old["modules"]}
@@ -318,6 +336,8 @@ def describe_drift(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None
                 return f"module {name} object {out}: command differs (e.g. {diff[:2]})"
         if a["link"] != b["link"]:
             return f"module {name}: link command differs"
+        if a.get("kernel_selection") != b.get("kernel_selection"):
+            return f"module {name}: kernel selection differs"
     return None if old == new else "plan differs outside modules"
 
 

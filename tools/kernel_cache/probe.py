@@ -35,13 +35,19 @@ def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_probe(tree: Path, decls: Sequence[ModuleDecl], arch: str, variant: str,
-              tc: Toolchain, gen_out: Path | None = None, python: str | None = None) -> dict:
+              tc: Toolchain, gen_out: Path | None = None, python: str | None = None,
+              selections: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """Call each generator from the tree; return paths and per-module ninja text and digests.
-    With gen_out, each module's generated sources are also copied to gen_out/<module>/."""
+    With gen_out, each module's generated sources are also copied to gen_out/<module>/.
+    selections: {module: its kernel selection} (tools/kernel_cache/selection.py); modules not
+    named there are probed as FlashInfer writes them."""
     work = Path(tempfile.mkdtemp(prefix="kc-probe-"))
     try:
         request = {"modules": [{"name": d.name, "generator": d.generator,
-                                "kwargs": d.kwargs_for(variant)} for d in decls],
+                                "kwargs": d.kwargs_for(variant),
+                                **({"kernel_selection": selections[d.name]}
+                                   if selections and d.name in selections else {})}
+                               for d in decls],
                    "work": str(work), "gen_out": str(gen_out) if gen_out else None}
         env = clean_env({
             # The tree first; the caller's own entries after it (hosts that bring
@@ -67,7 +73,10 @@ def run_probe(tree: Path, decls: Sequence[ModuleDecl], arch: str, variant: str,
 
 def probe_main() -> int:
     """Runs inside the subprocess with the tree first on sys.path."""
+    import contextlib
     import importlib
+
+    from tools.kernel_cache import selection
 
     req = json.loads(sys.stdin.read())
     import flashinfer
@@ -99,13 +108,21 @@ def probe_main() -> int:
         jit_env.FLASHINFER_GEN_SRC_DIR = gen_dir
         jit_env.FLASHINFER_JIT_DIR = jit_dir
         mod_name, fn_name = m["generator"].split(":")
-        spec = getattr(importlib.import_module(mod_name), fn_name)(**m["kwargs"])
+        ms = m.get("kernel_selection")
+        with (selection.kernel_filter(ms) if ms else contextlib.nullcontext()) as kernel_counts:
+            spec = getattr(importlib.import_module(mod_name), fn_name)(**m["kwargs"])
         if spec.name != m["name"]:
             print(f"generator {m['generator']} returned module {spec.name!r}, modules.json says "
                   f"{m['name']!r}", file=sys.stderr)
             return 4
+        sources, summary = list(spec.sources), None
+        if ms:
+            sources, summary = selection.select_sources(
+                [Path(s) for s in spec.sources], ms, spec.name,
+                Path(jit_env.FLASHINFER_CSRC_DIR), gen_dir)
+            summary["generated_operations"] = kernel_counts
         ninja = cpp_ext.generate_ninja_build_for_op(
-            name=spec.name, sources=spec.sources, extra_cflags=spec.extra_cflags,
+            name=spec.name, sources=sources, extra_cflags=spec.extra_cflags,
             extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
             extra_include_dirs=spec.extra_include_dirs,
             needs_device_linking=spec.needs_device_linking)
@@ -120,7 +137,8 @@ def probe_main() -> int:
         result["modules"].append({
             "name": spec.name, "generator": m["generator"], "kwargs": m["kwargs"],
             "ninja": ninja, "gen_dir": str(gen_dir), "build_dir": str(jit_dir / spec.name),
-            "gen_files": files, "gen_digest": dir_digest(gen_dir)})
+            "gen_files": files, "gen_digest": dir_digest(gen_dir),
+            **({"kernel_selection": summary} if summary else {})})
     if default_gen.exists() and any(default_gen.rglob("*.cu")):
         print("a generator wrote into the default FLASHINFER_GEN_SRC_DIR", file=sys.stderr)
         return 6

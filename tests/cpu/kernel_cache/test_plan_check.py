@@ -1,5 +1,6 @@
 """`//tests/cpu/kernel_cache:plan_check`: the checked-in plan equals what FlashInfer's generators
-emit for the patch gate's real tree (with #4460), this nvcc and the selected arch/variant.
+emit for the patch gate's real tree (with #4460), this nvcc and the selected arch, kernel
+selection and variant.
 
 A drift names the module/object/flag; the fix is to regenerate the plan (kernel_cache/README.md
 "How to extend"). Manual, not in CI: on the default stack the tree needs FlashInfer PR #4460, a
@@ -29,6 +30,8 @@ def test_checked_in_plan_matches_the_patched_tree(tmp_path: Path) -> None:
         "--flashinfer-tree", str(env_path("KIMI_FLASHINFER_TREE")),
         "--modules", str(env_path("KIMI_KC_MODULES")),
         "--arch", checked_in["arch"], "--variant", checked_in["variant"],
+        # A kernel selection's plan: the same selection (selections.json beside modules.json).
+        "--selection", checked_in.get("selection", "full"),
         "--cuda-home", pinned_toolchain_paths()[0],
         "--userland", pinned_toolchain_paths()[1],
         "--out", str(plan),

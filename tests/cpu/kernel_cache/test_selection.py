@@ -1,0 +1,210 @@
+"""CPU tests for kernel selections (tools/kernel_cache/selection.py, kernel_cache/selections.json).
+
+Needs what test_kernel_cache.py needs (the flashinfer-python 0.6.18 wheel as
+KIMI_TEST_FLASHINFER_WHEEL, the pinned toolchain (KIMI_KC_CUDA_IDENTITY, KIMI_KC_USERLAND_IDENTITY); missing
+nvcc fails, never skips). The wheel stands in for the patched tree: #4460 changes file contents,
+not which instantiations exist. One pruned fused_moe_120 (no runner selected) is compiled and
+linked for real (a few minutes of nvcc), loaded with every symbol bound (LD_BIND_NOW, the image
+smoke test's driver stub), and an unselected runner is constructed through the module.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import tools.kernel_cache.build as kc_build
+from tools.common.errors import UserError
+from tools.image.smoke import write_driver_stub
+from tools.kernel_cache.plan import make_plan, moe_instantiations, read_plan
+from tools.kernel_cache.selection import (BINDING, HEADER_NAME, INSTANTIATION, SELECTION_DIR,
+                                          instances, load_selections)
+from tests.cpu.conftest import pinned_toolchain_paths
+from tools.kernel_cache.toolchain import load_toolchain
+from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT
+
+SELECTIONS = REPO_ROOT / "kernel_cache" / "selections.json"
+MODULES = REPO_ROOT / "kernel_cache" / "modules.json"
+CSRC = "flashinfer/data/csrc"
+
+
+def _required_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is unset: Bazel sets it from the pinned repository; set it to run "
+                    "this test by hand")
+    return value
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    cuda_home, userland = pinned_toolchain_paths()
+    base = tmp_path_factory.mktemp("selection")
+    saved_tempdir = tempfile.tempdir
+    tempfile.tempdir = str(base / "scratch")
+    os.mkdir(tempfile.tempdir)
+    tree = base / "tree"
+    with zipfile.ZipFile(_required_env("KIMI_TEST_FLASHINFER_WHEEL")) as z:
+        z.extractall(tree)
+    # fused_moe_120 as declared, without the #4460 markers the wheel lacks.
+    decl = next(m for m in json.loads(MODULES.read_text())["modules"] if m["name"] == "fused_moe_120")
+    decl = {k: v for k, v in decl.items() if k != "source_markers"}
+    modules = base / "modules.json"
+    modules.write_text(json.dumps({"schema_version": 1, "modules": [decl]}))
+    tc = load_toolchain(cuda_home, userland)
+    yield {"base": base, "tree": tree, "modules": modules, "tc": tc, "cuda_home": cuda_home}
+    tempfile.tempdir = saved_tempdir
+
+
+def _selections(path: Path, **named: dict[str, Any]) -> Path:
+    data = json.loads(SELECTIONS.read_text())
+    data["selections"].update(named)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _moe(runners: list[str], gemm_runners: list[str], kernels: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"arch": "12.0f", "modules": {"fused_moe_120": {
+        "runners": runners, "gemm_runners": gemm_runners, "kernels": kernels}}}
+
+
+def _starlark_dict(text: str, name: str) -> Any:
+    m = re.search(rf"^{name} = (\{{.*?\n?\}})", text, re.M | re.S)
+    assert m, name
+    return ast.literal_eval(m.group(1))
+
+
+def test_checked_in_selections_agree_with_the_bazel_constants() -> None:
+    data = load_selections(SELECTIONS)
+    constants = (REPO_ROOT / "tools/kernel_cache/private/constants.bzl").read_text()
+    planned = {n: s["arch"] for n, s in data["selections"].items() if n != "full"}
+    assert _starlark_dict(constants, "SELECTIONS") == planned
+    assert _starlark_dict(constants, "DEFAULT_SELECTION") == data["default_for_arch"]
+    plan_files = _starlark_dict(constants, "PLAN_FILES")
+    for name, arch in planned.items():
+        plan = read_plan(REPO_ROOT / "kernel_cache" / plan_files[(arch, name)])
+        assert (plan["selection"], plan["arch"]) == (name, arch)
+    for (arch, variant), f in plan_files.items():
+        if variant in ("full", "lean"):
+            assert "selection" not in read_plan(REPO_ROOT / "kernel_cache" / f), f
+
+
+def test_kimi_k3_plan_compiles_only_mxfp8_x_mxfp4(env: dict[str, Any], tmp_path: Path) -> None:
+    gen = tmp_path / "gen"
+    plan = make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], gen_out=gen,
+                     enforce_markers=False, selection="kimi-k3", selections_path=SELECTIONS)
+    (m,) = plan["modules"]
+    assert plan["selection"] == "kimi-k3" and m["kernel_selection"]["name"] == "kimi-k3"
+    names = [o["out"] for o in m["objects"]]
+    assert not [n for n in names if "gemm_sm90" in n or "grouped_sm80" in n], names
+    assert len([n for n in names if "grouped_sm120" in n]) == 2, names
+    assert [n for n in names if "moe_gemm_kernels" in n] == ["moe_gemm_moe_gemm_kernels_fp8_fp4.cuda.o"]
+    # FlashInfer's generated SM120 instantiations: the 12 of e4m3 x e2m1 with bf16 output only.
+    found = moe_instantiations(gen / "fused_moe_120")
+    assert len(found) == 12 and all("Sm120, __nv_fp8_e4m3, SafeFP4, __nv_bfloat16," in i
+                                    for i in found), found
+    sel = gen / "fused_moe_120" / SELECTION_DIR
+    assert instances((sel / "cutlass_backend" / INSTANTIATION).read_text()) == [
+        "CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>"]
+    assert instances((sel / "moe_gemm" / "moe_gemm_kernels_fp8_fp4.cu").read_text()) == [
+        "MoeGemmRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>"]
+    binding = (sel / "cutlass_backend" / BINDING).read_text()
+    assert binding.startswith(f'#include "{HEADER_NAME}"')
+    # Every construction goes through make_runner (a commented-out one too, which is harmless).
+    total = len(re.findall(r"kernels::CutlassMoeFCRunner<", binding))
+    assert len(re.findall(r"make_runner<\s*kernels::CutlassMoeFCRunner<", binding)) == total > 0
+    # Includes FlashInfer resolved beside the original are rebased onto csrc/ and exist there.
+    for copy in sel.rglob("*.cu"):
+        for inc in re.findall(r'#include "([^"]+)"', copy.read_text()):
+            if "/" in inc and not inc.startswith(("tensorrt_llm/", "tvm/", "cutlass")):
+                assert (env["tree"] / CSRC / inc).is_file(), (copy.name, inc)
+    assert '"tvm_ffi_utils.h"' in binding and '"../../tvm_ffi_utils.h"' not in binding
+    # `full` adds nothing to a plan: the plans made before selections stay byte-identical.
+    full = make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False)
+    assert "selection" not in full and "kernel_selection" not in full["modules"][0]
+    assert len(full["modules"][0]["objects"]) == 96
+
+
+@pytest.mark.parametrize("selection,message", [
+    (_moe(["CutlassMoeFCRunner<half, half, half>"], [], []),
+     r"runners \['CutlassMoeFCRunner<half, half, half>'\] are not instantiated by FlashInfer "
+     r"\(it has: CutlassMoeFCRunner<float, float>; .*CutlassMoeFCRunner<half, half>;"),
+    (_moe([], ["MoeGemmRunner<half, half>"], []), r"gemm_runners \['MoeGemmRunner<half, half>'\]"),
+    (_moe([], [], [{"kind": "grouped", "arch": 120, "act": "bf16", "weight": "bf16", "out": "bf16"}]),
+     r"kernels \[.*'act': 'bf16'.*\] match no operation FlashInfer generates"),
+    (dict(_moe([], [], []), arch="9.0a"), r"--selection broken: made for arch 9.0a, not 12.0f"),
+    ({"arch": "12.0f", "modules": {"fused_moe_120": {"runners": ["half"]}}},
+     r"selections.broken.modules.fused_moe_120.runners: a list of 'CutlassMoeFCRunner<...>'"),
+])
+def test_selection_mistakes_are_named(env: dict[str, Any], tmp_path: Path,
+                                      selection: dict[str, Any], message: str) -> None:
+    path = _selections(tmp_path / "selections.json", broken=selection)
+    with pytest.raises(UserError, match=message):
+        make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False,
+                  selection="broken", selections_path=path)
+
+
+def test_unknown_selection_is_named(env: dict[str, Any]) -> None:
+    with pytest.raises(UserError, match=r"--selection kimi: not in .*selections.json \(has full, "
+                                        r"gpu-test-sm90, kimi-k3\)"):
+        make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False,
+                  selection="kimi", selections_path=SELECTIONS)
+
+
+_CALL_UNSELECTED = r"""
+import json, sys
+import tvm_ffi
+mod = tvm_ffi.load_module(sys.argv[1])
+bf16 = tvm_ffi.dtype("bfloat16")
+try:
+    mod.init(bf16, bf16, bf16, False, False, False, False, False, False)
+    print(json.dumps({"raised": None}))
+except Exception as e:
+    print(json.dumps({"raised": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
+        env: dict[str, Any], tmp_path: Path) -> None:
+    """The smallest pruned fused_moe_120 (no runner, no GEMM kernel): links, loads with every
+    symbol bound (nothing undefined that the loader would need), and constructing the bf16
+    runner raises NotImplementedError naming it and the selection to add it to."""
+    path = _selections(tmp_path / "selections.json", **{"load-check": _moe([], [], [])})
+    out = tmp_path / "out"
+    kc_build.build(env["tree"], env["modules"], "12.0f", "full", out, 2, tmp_path / "cache",
+                   env["tc"], 9000, 10, selection="load-check", selections_path=path)
+    data = json.loads((out / AOT_SUBDIR / "kernel_cache.json").read_text())
+    assert data["selection"] == "load-check"
+    so = out / AOT_SUBDIR / "fused_moe_120" / "fused_moe_120.so"
+    assert data["modules"]["fused_moe_120"]["objects"] == 14  # 8 CUDA + 6 host C++, no kernels
+    # The image smoke test's stand-in libcuda.so.1, defining the driver symbols the module imports.
+    listing = subprocess.run(["nm", "-D", "--undefined-only", str(so)], capture_output=True,
+                             text=True, check=True).stdout
+    driver = sorted({ln.split()[-1].split("@")[0] for ln in listing.splitlines()
+                     if re.match(r"^cu[A-Z]\w*$", ln.split()[-1].split("@")[0])})
+    rootfs = tmp_path / "rootfs"
+    stub_dir = rootfs / write_driver_stub(rootfs, driver).lstrip("/")
+    libs = [str(stub_dir), str(Path(env["cuda_home"]) / "lib")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CALL_UNSELECTED, str(so)], capture_output=True, text=True,
+        env={**os.environ, "LD_BIND_NOW": "1", "LD_LIBRARY_PATH": os.pathsep.join(libs)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["raised"] == "NotImplementedError", result
+    assert ("CUTLASS MoE runner CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16> is not compiled "
+            "into fused_moe_120: it is outside kernel selection load-check (arch 12.0f); add it "
+            "to selections.load-check.modules.fused_moe_120") in result["message"], result
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
