@@ -1,6 +1,6 @@
 """Thin Bazel rules over the image tools (all logic is in tools/image/*.py, tested on its own).
 
-    debian_rootfs      tools/image/rootfs.py debian: the base OS tar (mmdebstrap; network + root)
+    debian_rootfs      tools/image/rootfs.py debian: the base OS tar of a Debian set (mmdebstrap; root)
     oci_layer          tools/image/layer.py: one reproducible layer blob + its descriptor
     empty_directory    a directory output with nothing in it (stand-in kernel cache)
     sbom               tools/image/sbom.py: the SPDX document shipped in the image

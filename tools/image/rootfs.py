@@ -1,11 +1,13 @@
 """Base root filesystems for the image.
 
 Usage:
-    python3 -m tools.image.rootfs debian --out base.tar [--suite bookworm] [--mirror URL] [--include PKG]...
-        A minimal Debian rootfs tar from mmdebstrap (offline-capable default: cached under
-        ${KIMI_K3_CACHE:-~/.cache/kimi-k3-build}/rootfs/<key>.tar, built once per key).
-        bookworm's python3 is 3.11, matching the cp311 wheels. Reproducible as long as the
-        mirror's content is fixed: pass a snapshot.debian.org URL to pin it.
+    python3 -m tools.image.rootfs debian --out base.tar [--lock third_party/debian.lock.json]
+            [--set image-base] [--repo DIR]
+        The Debian rootfs tar of a set of the Debian lock: mmdebstrap whose only mirror is a local
+        repository of the set's verified .debs (--repo, from `python3 -m tools.pins.debian repo`,
+        else made here through tools.fetch: cache, mirrors, origin). Cached under
+        ${KIMI_K3_CACHE:-~/.cache/kimi-k3-build}/rootfs/<set>-<key>.tar, the key from the set's
+        package entries, re-hashed on every use; the root must hold exactly the set's packages.
     python3 -m tools.image.rootfs pull --reference REGISTRY/REPO@sha256:D --out LAYOUT_DIR
         A base image pulled by digest into an OCI layout (tools/image/layout.py --base-layout).
     python3 -m tools.image.rootfs host-python --out DIR [--module M]...
@@ -20,10 +22,12 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -31,14 +35,13 @@ from typing import Sequence
 
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
+from tools.common.files import write_text_atomic
 from tools.common.hashing import sha256_bytes, sha256_file
+from tools.common.jsonfmt import canonical_json
 from tools.image.layer import SITE_PACKAGES, source_date_epoch
+from tools.pins import debian
 
-DEFAULT_SUITE = "bookworm"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-# python3 for the stack; libibverbs1 + ibverbs-providers because Mooncake's transfer engine
-# loads libibverbs even for TCP; ca-certificates for HTTPS model downloads at serve time.
-DEFAULT_INCLUDE = ("python3", "libibverbs1", "ibverbs-providers", "ca-certificates")
+DEFAULT_SET = "image-base"
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -53,35 +56,104 @@ def link_or_copy(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-# ---------------------------------------------------------------- debian (mmdebstrap)
+# ---------------------------------------------------------------- debian (mmdebstrap from the lock)
 
-def mmdebstrap_command(suite: str, mirror: str, include: Sequence[str], variant: str, out: Path) -> list[str]:
-    # The ldconfig aux-cache holds inode/mtime data of the build host: drop it for identical tars.
-    return ["mmdebstrap", "--mode=root", "--format=tar", f"--variant={variant}", f"--include={','.join(include)}",
+# Part of the cache key: bump when the mmdebstrap call below changes what a rootfs holds.
+RECIPE = "mmdebstrap-custom-copy-repo-v1"
+
+
+def sources_list(deb_set: debian.DebSet) -> str:
+    """The image's /etc/apt/sources.list: the set's archive and suites (the local repository the
+    root was built from is a temp path, and must not be what `apt-get update` reads later)."""
+    return "".join(f"deb {deb_set.archive} {suite} main\n" for suite in deb_set.suites)
+
+
+def mmdebstrap_version() -> str:
+    proc = subprocess.run(["mmdebstrap", "--version"], capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
+def rootfs_key(deb_set: debian.DebSet, epoch: int, tool_version: str) -> str:
+    """The cached tar's key: the set's package entries (name, version, sha256, ...), the epoch,
+    the sources.list written into it, the recipe and the mmdebstrap that ran it. Not the set's
+    description, suites' current state or any URL's content: only what the tar is built from."""
+    return sha256_bytes(canonical_json({"packages": deb_set.entries(), "epoch": epoch, "recipe": RECIPE,
+                                        "sources": sources_list(deb_set), "mmdebstrap": tool_version}))[:24]
+
+
+def mmdebstrap_command(deb_set: debian.DebSet, repo: Path, out: Path) -> list[str]:
+    # variant=custom with every package of the set named: the root holds exactly the set
+    # (check_installed proves it), and the only mirror is the local repository of verified .debs
+    # (copy://: mmdebstrap copies them into the chroot, which cannot see file:// paths).
+    # The ldconfig aux-cache holds inode/mtime data of the build host: dropped for identical tars.
+    names = ",".join(p.name for p in deb_set.packages)
+    return ["mmdebstrap", "--mode=root", "--format=tar", "--variant=custom", f"--include={names}",
             "--aptopt=Acquire::Check-Valid-Until \"false\"",
             "--customize-hook=rm -f \"$1\"/var/cache/ldconfig/aux-cache",
-            suite, str(out), mirror]
+            f"--customize-hook=printf %s {shlex.quote(sources_list(deb_set))} > \"$1\"/etc/apt/sources.list",
+            deb_set.suites[0], str(out), f"deb [trusted=yes] copy://{repo.absolute()} ./"]
 
 
-def debian_rootfs(out: Path, suite: str, mirror: str, include: Sequence[str], variant: str, epoch: int) -> str:
-    """Build (or reuse from the cache) the rootfs tar; returns its sha256."""
+def dpkg_status_of(tar_path: Path) -> str:
+    with tarfile.open(tar_path) as tar:
+        for name in ("./var/lib/dpkg/status", "var/lib/dpkg/status"):
+            try:
+                member = tar.extractfile(name)
+            except KeyError:
+                continue
+            if member is not None:
+                return member.read().decode("utf-8", errors="replace")
+    raise UserError(f"rootfs {tar_path}: no var/lib/dpkg/status; mmdebstrap did not produce a Debian root")
+
+
+def cached_rootfs(cached: Path) -> Path | None:
+    """The cached tar after re-hashing it against the sha256 recorded when it was built; a
+    corrupt or unrecorded one is removed (it is derived: building it again is always right)."""
+    record = cached.with_name(cached.name + ".sha256")
+    if not cached.is_file():
+        return None
+    expected = record.read_text().strip() if record.is_file() else ""
+    actual = sha256_file(cached)
+    if actual == expected:
+        return cached
+    print(f"[rootfs] warning: cached {cached} is corrupt (sha256 {actual}, recorded {expected or 'none'}); "
+          "building it again", file=sys.stderr)
+    cached.unlink()
+    record.unlink(missing_ok=True)
+    return None
+
+
+def debian_rootfs(out: Path, lock: Path, set_name: str, epoch: int, repo: Path | None = None,
+                  cache_dir: Path | None = None) -> str:
+    """The rootfs tar of Debian set `set_name`, from the cache (keyed by the set's entries, re-hashed)
+    or built by mmdebstrap from a local repository of the set's verified .debs (`repo`, else made
+    here through tools.fetch); returns its sha256."""
     if shutil.which("mmdebstrap") is None:
         raise UserError("mmdebstrap: not on PATH; install it (apt-get install -y mmdebstrap) or use `pull`")
-    key_text = json.dumps([suite, mirror, sorted(include), variant, epoch])
-    key = sha256_bytes(key_text.encode())[:24]
-    cached = cache_root() / "rootfs" / f"{suite}-{variant}-{key}.tar"
-    if not cached.is_file():
+    deb_set = debian.load_set(lock, set_name)
+    key = rootfs_key(deb_set, epoch, mmdebstrap_version())
+    cached = (cache_dir or cache_root()) / "rootfs" / f"{set_name}-{key}.tar"
+    if cached_rootfs(cached) is None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.parent / f".{os.getpid()}.{cached.name}"  # ends in .tar, as mmdebstrap's format
-        env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
-        started = time.monotonic()
-        print(f"[rootfs] mmdebstrap {suite} {variant} +{','.join(include)} (about 2 min)", file=sys.stderr)
-        proc = subprocess.run(mmdebstrap_command(suite, mirror, include, variant, tmp), env=env)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise UserError(f"mmdebstrap {suite} from {mirror} failed (exit {proc.returncode}); "
-                            "check the mirror URL and network, or use `rootfs.py pull`")
-        os.replace(tmp, cached)
+        with tempfile.TemporaryDirectory(prefix=f".{set_name}-repo.", dir=cached.parent) as scratch:
+            if repo is None:
+                repo = debian.local_repository(deb_set, Path(scratch) / "repo", cache_dir)
+            tmp = cached.parent / f".{os.getpid()}.{cached.name}"  # ends in .tar, as mmdebstrap's format
+            env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
+            started = time.monotonic()
+            print(f"[rootfs] mmdebstrap {set_name}: {len(deb_set.packages)} locked packages (about 2-3 min)",
+                  file=sys.stderr)
+            try:
+                proc = subprocess.run(mmdebstrap_command(deb_set, repo, tmp), env=env)
+                if proc.returncode != 0:
+                    raise UserError(f"mmdebstrap of Debian set '{set_name}' failed (exit {proc.returncode}, see "
+                                    "above); the set may be incomplete: re-resolve it with "
+                                    f"`{debian.resolve_command(set_name)}`")
+                debian.check_installed(deb_set, dpkg_status_of(tmp), f"rootfs of set '{set_name}'")
+                write_text_atomic(cached.with_name(cached.name + ".sha256"), sha256_file(tmp) + "\n")
+                os.replace(tmp, cached)
+            finally:
+                tmp.unlink(missing_ok=True)
         print(f"[rootfs] built {cached} ({cached.stat().st_size >> 20} MiB) in "
               f"{time.monotonic() - started:.0f} s", file=sys.stderr)
     link_or_copy(cached, out)
@@ -184,13 +256,14 @@ def host_python_rootfs(out: Path, modules: Sequence[str] = ()) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    deb = sub.add_parser("debian", help="minimal Debian rootfs tar via mmdebstrap (cached)")
+    deb = sub.add_parser("debian", help="Debian rootfs tar of a set of the Debian lock (mmdebstrap, cached)")
     deb.add_argument("--out", required=True, type=Path)
-    deb.add_argument("--suite", default=DEFAULT_SUITE)
-    deb.add_argument("--mirror", default=DEFAULT_MIRROR, help="e.g. http://snapshot.debian.org/archive/debian/20261120T000000Z")
-    deb.add_argument("--variant", default="minbase")
-    deb.add_argument("--include", action="append", default=None, help=f"default: {','.join(DEFAULT_INCLUDE)}")
+    deb.add_argument("--lock", type=Path, default=debian.DEFAULT_LOCK)
+    deb.add_argument("--set", default=DEFAULT_SET)
+    deb.add_argument("--repo", type=Path, help="local repository of the set (python3 -m tools.pins.debian repo)")
     deb.add_argument("--source-date-epoch", default=None)
+    deb.add_argument("--cache-root-file", type=Path,
+                     help="file naming the cache root (Bazel actions have no $KIMI_K3_CACHE); default: the cache root")
     pull = sub.add_parser("pull", help="base image by digest into an OCI layout")
     pull.add_argument("--reference", required=True)
     pull.add_argument("--out", required=True, type=Path)
@@ -200,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "debian":
         epoch = source_date_epoch(args.source_date_epoch)
-        digest = debian_rootfs(args.out, args.suite, args.mirror, args.include or DEFAULT_INCLUDE, args.variant, epoch)
+        cache_dir = Path(args.cache_root_file.read_text().strip()) if args.cache_root_file else None
+        digest = debian_rootfs(args.out, args.lock, args.set, epoch, args.repo, cache_dir)
         print(f"rootfs tar: {args.out} sha256:{digest}")
     elif args.command == "pull":
         print(f"base digest: {pull_base(args.reference, args.out)}")

@@ -2,10 +2,14 @@
 
 Usage:
     python3 -m tools.image.sbom --lock third_party/pins.lock.json --stack default \
+        [--debian-lock third_party/debian.lock.json --debian-set image-base] \
         [--gate-manifest flashinfer/manifest.json]... --out sbom.spdx.json
 
 The SBOM is shipped in the image at /usr/share/kimi-k3/sbom.spdx.json (its own small top
 layer) and its sha256 is the image label org.kimi-k3.sbom-sha256 (tools/image/layout.py --sbom).
+Every Debian package of the base layer is listed too (name, version, .deb sha256, pool URL and a
+pkg:deb purl), from the set the base was built from; that build proved the root holds exactly
+those packages at those versions.
 Output is canonical JSON with `created` from SOURCE_DATE_EPOCH and a documentNamespace derived
 from the content, so the same pins and patches give the same bytes.
 
@@ -29,6 +33,7 @@ from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json
 from tools.image.layer import source_date_epoch
 from tools.image.layout import rfc3339
+from tools.pins import debian
 from tools.pins import lock as lockfile
 
 IMAGE_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
@@ -73,6 +78,16 @@ def pin_package(pin: Any) -> dict[str, Any]:
     return pkg
 
 
+def deb_package(pkg: debian.DebPackage) -> dict[str, Any]:
+    """One SPDX package for a .deb of the base layer's Debian set."""
+    return {"SPDXID": spdx_id("Deb", pkg.name), "name": pkg.name, "versionInfo": pkg.version,
+            "downloadLocation": pkg.urls[0], "packageFileName": Path(pkg.filename).name, "filesAnalyzed": False,
+            "checksums": [{"algorithm": "SHA256", "checksumValue": pkg.sha256}],
+            "licenseConcluded": NOASSERTION, "licenseDeclared": NOASSERTION, "copyrightText": NOASSERTION,
+            "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                              "referenceLocator": f"pkg:deb/debian/{pkg.name}@{pkg.version}?arch={pkg.architecture}"}]}
+
+
 def read_gate_manifest(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -110,10 +125,12 @@ def patch_packages(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list
     return packages, relationships
 
 
-def build_sbom(lock: lockfile.Lock, stack_name: str, manifests: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any]:
+def build_sbom(lock: lockfile.Lock, stack_name: str, manifests: Sequence[dict[str, Any]], epoch: int,
+               base: debian.DebSet | None = None) -> dict[str, Any]:
     stack = lock.stack(stack_name)
     pin_names = list(dict.fromkeys([*stack.pin_names(), *(m["target"]["pin"] for m in manifests)]))
     packages = [pin_package(lock.pin(n)) for n in pin_names]
+    packages += [deb_package(p) for p in (base.packages if base else ())]
     relationships = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
                       "relatedSpdxElement": p["SPDXID"]} for p in packages]
     for m in manifests:
@@ -137,12 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lock", type=Path, default=lockfile.DEFAULT_LOCK)
     p.add_argument("--stack", required=True)
     p.add_argument("--gate-manifest", action="append", default=[], type=Path)
+    p.add_argument("--debian-lock", type=Path, help="Debian lock holding the base layer's set")
+    p.add_argument("--debian-set", help="the base layer's Debian set (with --debian-lock)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--source-date-epoch", default=None)
     args = p.parse_args(argv)
     epoch = source_date_epoch(args.source_date_epoch)
     lock = lockfile.load(args.lock)
-    doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch)
+    if bool(args.debian_lock) != bool(args.debian_set):
+        raise UserError("--debian-lock and --debian-set go together: pass both (the base layer's set) or neither")
+    base = debian.load_set(args.debian_lock, args.debian_set) if args.debian_set else None
+    doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch, base)
     data = canonical_json(doc) + b"\n"
     write_bytes_atomic(args.out, data)
     print(f"sbom: {args.out} sha256:{sha256_bytes(data)} "

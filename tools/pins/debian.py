@@ -4,6 +4,9 @@
     add-set  NAME --suite S [--suite S2] --packages a,b [--exclude x=REASON,y --exclude-reason R]
     mirror   DIR [--set NAME]...                fill a mirror directory with the sets' .debs
     extract  --set NAME --out DIR               verified .debs unpacked into DIR (dpkg-deb -x)
+    repo     --set NAME --out DIR               a flat apt repository of the verified .debs
+    key      --set NAME                         sha256 of the set's entries (cache keys)
+    check-root --set NAME --root DIR            DIR's dpkg status holds exactly the set's packages
     show     [--set NAME]                       table of a set's packages
 
 A set records its inputs (archive, suites, architecture, roots, excluded names with a reason) and
@@ -205,6 +208,8 @@ class Candidate:
     suite: str
     depends: tuple[tuple[Relation, ...], ...]
     provides: tuple[Relation, ...]
+    essential: bool = False
+    priority: str = ""
 
     def entry(self, archive: str) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "architecture": self.architecture,
@@ -223,10 +228,14 @@ def candidates_from_index(text: str, suite: str) -> list[Candidate]:
             result.append(Candidate(name=st["Package"], version=st["Version"], architecture=st["Architecture"],
                                     filename=st["Filename"], size=int(st["Size"]), sha256=st["SHA256"],
                                     suite=suite, depends=tuple(tuple(a) for a in depends),
-                                    provides=tuple(provides)))
+                                    provides=tuple(provides), essential=st.get("Essential") == "yes",
+                                    priority=st.get("Priority", "")))
         except KeyError as e:
             raise UserError(f"{what}: stanza without {e.args[0]}; the index is damaged, resolve again") from None
     return result
+
+
+PRIORITY_RANK = {"required": 0, "important": 1, "standard": 2, "optional": 3, "extra": 4}
 
 
 class Index:
@@ -239,12 +248,14 @@ class Index:
             if old is None or compare_versions(c.version, old.version) > 0:
                 self.best[c.name] = c
         self.providers: dict[str, list[tuple[Candidate, Relation]]] = {}
-        for c in sorted(self.best.values(), key=lambda c: c.name):
+        # Providers in apt's order of preference: higher Priority first (mawk, required, over
+        # gawk, optional, for `awk`), then by name.
+        for c in sorted(self.best.values(), key=lambda c: (PRIORITY_RANK.get(c.priority, len(PRIORITY_RANK)), c.name)):
             for p in c.provides:
                 self.providers.setdefault(p.name, []).append((c, p))
 
     def satisfiers(self, rel: Relation) -> list[Candidate]:
-        """Packages satisfying `rel`: the real package first, then providers (sorted by name)."""
+        """Packages satisfying `rel`: the real package first, then providers (by priority, name)."""
         found = []
         real = self.best.get(rel.name)
         if real is not None and satisfies(real.version, rel.op, rel.version):
@@ -255,16 +266,39 @@ class Index:
         return found
 
 
+# Roots that name a class of packages, as apt's patterns do: what mmdebstrap's variants install
+# (essential: Essential: yes; minbase adds Priority: required). Expanded against the indexes, so a
+# new Essential package in the suite enters the set on the next resolve.
+META_ROOTS = {
+    "?essential": lambda c: c.essential,
+    "?priority(required)": lambda c: c.priority == "required",
+    "?priority(important)": lambda c: c.priority in ("required", "important"),
+}
+
+
+def expand_roots(index: Index, roots: Sequence[str], excluded: set[str], set_name: str) -> list[str]:
+    names = []
+    for root in roots:
+        if root.startswith("?"):
+            if root not in META_ROOTS:
+                raise UserError(f"set '{set_name}': unknown root pattern {root}; use one of "
+                                f"{', '.join(sorted(META_ROOTS))} or a package name")
+            names += [c.name for c in index.best.values() if META_ROOTS[root](c) and c.name not in excluded]
+        else:
+            names.append(root)
+    return names
+
+
 def resolve_closure(index: Index, roots: Sequence[str], exclude: Iterable[str], set_name: str) -> list[Candidate]:
     """The closure of `roots` over Depends + Pre-Depends, sorted by name.
 
     Per dependency group: an excluded name among the alternatives satisfies it (the consumer does
     not need that package); else an alternative already chosen; else the first satisfiable
-    alternative (for a virtual name, its first provider by name). Work is taken in sorted order,
+    alternative (for a virtual name, its provider of highest Priority, then first by name). Work is taken in sorted order,
     so the result depends only on the indexes, the roots and the exclusions."""
     excluded = set(exclude)
     chosen: dict[str, Candidate] = {}
-    pending = sorted(set(roots))
+    pending = sorted(set(expand_roots(index, roots, excluded, set_name)))
     for root in pending:
         if root in excluded:
             raise UserError(f"set '{set_name}': root package {root} is also excluded; remove it from one of the lists")
@@ -548,6 +582,19 @@ def mirror_set(deb_set: DebSet, target: Path, cache_dir: Path | None = None,
     print(f"debian: mirror {target}: set '{deb_set.name}' complete ({len(deb_set.packages)} .debs)", file=sys.stderr)
 
 
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Put the finished directory `tmp` (a sibling of `out`) at `out`: readers see the old tree or
+    the new one, never a mix (the old one is moved aside first, then removed)."""
+    os.chmod(tmp, 0o755)  # mkdtemp's 0700 would follow the tree
+    if out.exists():
+        old = out.with_name(f".{out.name}.old.{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
 def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir: Path | None = None,
                 mirrors: Sequence[Path] | None = None) -> Path:
     """Unpack every .deb of set `name` (data archives only: no maintainer scripts run) into
@@ -569,19 +616,79 @@ def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir
                 print(f"debian: {name}: {index}/{len(debs)} unpacked ({time.monotonic() - started:.1f} s)",
                       file=sys.stderr, flush=True)
         write_bytes_atomic(tmp / SET_MARKER, canonical_json({"name": name, "packages": deb_set.entries()}))
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would follow the tree
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(f"debian: set '{name}' ({len(debs)} packages) -> {out}", file=sys.stderr)
     return out
+
+
+def deb_control(path: Path, what: str) -> str:
+    """The control paragraph of a .deb, as dpkg-deb reads it."""
+    proc = subprocess.run(["dpkg-deb", "--field", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"{what}: dpkg-deb --field failed ({proc.stderr.strip()}); the verified file {path} is "
+                        "not a .deb dpkg-deb reads: re-resolve the set")
+    return proc.stdout.rstrip("\n")
+
+
+def local_repository(deb_set: DebSet, out_dir: Path | str, cache_dir: Path | None = None,
+                     mirrors: Sequence[Path] | None = None) -> Path:
+    """A flat apt repository of exactly the set's verified .debs (`deb [trusted=yes] copy://DIR ./`),
+    built in a temp sibling and renamed into place: the only mirror mmdebstrap is given, so a
+    root holds nothing the lock does not name.
+
+    The Packages file is written here from `dpkg-deb --field` (dpkg-deb comes with dpkg itself;
+    dpkg-scanpackages needs dpkg-dev, apt-ftparchive apt-utils), with the lock's size and sha256."""
+    out = Path(out_dir).absolute()
+    check_writable_path(out, "repository", directory=True)
+    debs = fetch_set(deb_set, cache_dir, mirrors)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        stanzas = []
+        for pkg, path in debs:
+            name = Path(pkg.filename).name
+            try:
+                os.link(path, tmp / name)
+            except OSError:
+                shutil.copyfile(path, tmp / name)
+            control = deb_control(path, f"set '{deb_set.name}' package {pkg.name}")
+            fields = dict((line.partition(":")[0], line.partition(":")[2].strip())
+                          for line in control.splitlines() if line and line[0] not in " \t")
+            if (fields.get("Package"), fields.get("Version")) != (pkg.name, pkg.version):
+                raise UserError(f"set '{deb_set.name}' package {pkg.name} {pkg.version}: the verified .deb says "
+                                f"{fields.get('Package')} {fields.get('Version')}; the lock is inconsistent: "
+                                f"re-resolve with `{resolve_command(deb_set.name)}`")
+            stanzas.append(f"{control}\nFilename: ./{name}\nSize: {pkg.size}\nSHA256: {pkg.sha256}\n")
+        (tmp / "Packages").write_text("\n".join(stanzas), encoding="utf-8")
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"debian: set '{deb_set.name}': local repository of {len(debs)} .debs -> {out}", file=sys.stderr)
+    return out
+
+
+def installed_versions(status_text: str) -> dict[str, str]:
+    """name -> version of the installed packages in a dpkg status file."""
+    return {st["Package"]: st["Version"] for st in parse_stanzas(status_text)
+            if st.get("Status", "").endswith(" installed") and "Package" in st and "Version" in st}
+
+
+def check_installed(deb_set: DebSet, status_text: str, what: str) -> None:
+    """A root built from the set must hold exactly the set's packages at the set's versions."""
+    installed = installed_versions(status_text)
+    locked = {p.name: p.version for p in deb_set.packages}
+    if installed == locked:
+        return
+    extra = sorted(f"{n} {v}" for n, v in installed.items() if locked.get(n) != v)
+    unused = sorted(f"{n} {v}" for n, v in locked.items() if installed.get(n) != v)
+    raise UserError(f"{what}: installed packages differ from set '{deb_set.name}' (installed, not in the set: "
+                    f"{', '.join(extra) or 'none'}; in the set, not installed: {', '.join(unused) or 'none'}); "
+                    "apt chose other alternatives than the resolver: exclude the unused names with a reason and "
+                    f"`{resolve_command(deb_set.name)}`")
 
 
 # --- CLI ---------------------------------------------------------------------------------------
@@ -608,7 +715,7 @@ def parse_excludes(values: Sequence[str], default_reason: str | None) -> dict[st
 def cmd_add_set(args: argparse.Namespace) -> int:
     roots = sorted(set(_names(args.packages)))
     for root in roots:
-        if not NAME_RE.fullmatch(root):
+        if not NAME_RE.fullmatch(root) and root not in META_ROOTS:
             raise UserError(f"--packages {root}: not a Debian package name")
     if not roots:
         raise UserError("add-set: --packages names no package")
@@ -645,6 +752,26 @@ def cmd_mirror(args: argparse.Namespace) -> int:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     print(extract_set(args.lock, args.set, args.out, Path(args.cache) if args.cache else None, _mirrors(args)))
+    return 0
+
+
+def cmd_repo(args: argparse.Namespace) -> int:
+    print(local_repository(load_set(args.lock, args.set), Path(args.out), Path(args.cache) if args.cache else None,
+                           _mirrors(args)))
+    return 0
+
+
+def cmd_check_root(args: argparse.Namespace) -> int:
+    status = Path(args.root) / "var" / "lib" / "dpkg" / "status"
+    if not status.is_file():
+        raise UserError(f"--root {args.root}: no var/lib/dpkg/status; pass the root mmdebstrap built")
+    check_installed(load_set(args.lock, args.set), status.read_text(encoding="utf-8", errors="replace"),
+                    f"root {args.root}")
+    return 0
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    print(load_set(args.lock, args.set).content_key())
     return 0
 
 
@@ -685,7 +812,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_add_set)
 
     for command, helptext in (("mirror", "fill a mirror directory with the sets' .debs"),
-                              ("extract", "unpack a set's verified .debs into a directory")):
+                              ("extract", "unpack a set's verified .debs into a directory"),
+                              ("repo", "a flat apt repository of a set's verified .debs")):
         p = sub.add_parser(command, parents=[common], help=helptext)
         p.add_argument("--cache", help="cache dir (default: $KIMI_K3_CACHE or ~/.cache/kimi-k3-build)")
         p.add_argument("--mirror", action="append", default=[], help="mirror dir, tried before origins (repeatable; "
@@ -697,7 +825,16 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--set", required=True)
             p.add_argument("--out", required=True)
-            p.set_defaults(func=cmd_extract)
+            p.set_defaults(func=cmd_extract if command == "extract" else cmd_repo)
+
+    p = sub.add_parser("check-root", parents=[common], help="a built root holds exactly the set's packages")
+    p.add_argument("--set", required=True)
+    p.add_argument("--root", required=True)
+    p.set_defaults(func=cmd_check_root)
+
+    p = sub.add_parser("key", parents=[common], help="print a set's content key (sha256 of its entries)")
+    p.add_argument("--set", required=True)
+    p.set_defaults(func=cmd_key)
 
     p = sub.add_parser("show", parents=[common], help="print a set's packages")
     p.add_argument("--set", action="append", default=[])

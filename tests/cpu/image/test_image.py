@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -861,12 +862,35 @@ HOST_ROOT = Path("/run/kimi-k3-host")
 LAUNCHER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def sealed_root_key() -> str:
-    """The launcher's sealed-root key, computed by the launcher's own lines (packages=... key=...)."""
-    m = re.search(r"^packages=\(.*?^key=[^\n]*$", LAUNCHER.read_text(), re.S | re.M)
-    assert m, "tools/bazel: packages=(...) / key=... lines not found"
-    return subprocess.run(["bash", "-c", m.group(0) + '\necho "$key"'], check=True, text=True,
-                          stdout=subprocess.PIPE).stdout.strip()
+def sealed_root_key(ws: Path = REPO_ROOT) -> str:
+    """The launcher's sealed-root key, computed by the launcher's own lines (debian_tool() ...
+    key=...: from Debian set bazel-root's entries) with this interpreter and checkout `ws`."""
+    m = re.search(r"^debian_tool\(\) .*?^key=[^\n]*$", LAUNCHER.read_text(), re.S | re.M)
+    assert m, "tools/bazel: debian_tool() / key=... lines not found"
+    script = f"set -e\nws={shlex.quote(str(ws))}\npy={shlex.quote(sys.executable)}\n{m.group(0)}\necho \"$key\""
+    return subprocess.run(["bash", "-c", script], check=True, text=True, stdout=subprocess.PIPE).stdout.strip()
+
+
+def test_sealed_root_key_follows_the_bazel_root_set_entries(tmp_path: Path) -> None:
+    """A bumped bazel-root set is a new root directory; words in its description are not."""
+    ws = tmp_path / "ws"
+    (ws / "third_party").mkdir(parents=True)
+    (ws / "tools").symlink_to(REPO_ROOT / "tools")
+    lock = json.loads((REPO_ROOT / "third_party" / "debian.lock.json").read_text())
+    root_set = lock["sets"]["bazel-root"]
+
+    def key_with(edit) -> str:
+        data = json.loads(json.dumps(lock))
+        edit(data["sets"]["bazel-root"])
+        (ws / "third_party" / "debian.lock.json").write_text(json.dumps(data))
+        return sealed_root_key(ws)
+
+    key = sealed_root_key()
+    assert re.fullmatch(r"[0-9a-f]{16}", key)
+    assert key_with(lambda s: s.update(description="other words")) == key
+    bazel = next(i for i, p in enumerate(root_set["packages"]) if p["name"] == "bazel-bootstrap")
+    assert key_with(lambda s: s["packages"][bazel].update(version="7.7.1+ds-9")) != key
+    assert key_with(lambda s: s["packages"][0].update(sha256="0" * 64)) != key
 
 
 def copy_with_libs(exe: str, root: Path, dest: str) -> None:
@@ -923,7 +947,9 @@ class StandInRoot:
         if python is None:
             # The interpreter's prefix is bind-mounted into the root: a stand-in whose prefix is a tmp dir.
             self.fake_py.parent.mkdir(parents=True)
-            self.fake_py.write_text(f"#!/bin/sh\necho {base / 'py'}\n")
+            # `-m tools.pins.debian` (the sealed root's key from the Debian lock) runs for real.
+            self.fake_py.write_text(f"#!/bin/sh\nif [ \"$1 $2\" = '-m tools.pins.debian' ]; then "
+                                    f"exec {shlex.quote(sys.executable)} \"$@\"; fi\necho {base / 'py'}\n")
             self.fake_py.chmod(0o755)
             python = str(self.fake_py)
         self.python = python

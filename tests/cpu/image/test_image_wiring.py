@@ -1,7 +1,7 @@
 """Bazel-level CPU test of //image wiring (tag cpu): the small layers and the SBOM as Bazel
 builds them for the selected stack, without building the GB-sized layers.
 
-Env (set by tests/cpu/image/BUILD.bazel from the //image targets and image/constants.bzl): KIMI_IMAGE_SBOM (the SBOM), KIMI_GATE_MANIFESTS
+Env (set by tests/cpu/image/BUILD.bazel from the //image targets and image/constants.bzl): KIMI_IMAGE_SBOM (the SBOM), KIMI_DEBIAN_LOCK (the Debian lock), KIMI_GATE_MANIFESTS
 (space-separated gate manifests), KIMI_LAYER_ENTRYPOINT / KIMI_LAYER_KERNEL_CACHE / KIMI_LAYER_SBOM
 (layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py); the BUILD file's constants
 KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_SBOM_IMAGE_PATH, KIMI_IMAGE_CUDA_ARCH. An
@@ -58,6 +58,14 @@ def test_sbom_lists_every_gated_patch_by_name_and_state_only() -> None:
             # with the pin and changes only with the lock.)
             if patch["entry"].startswith("file:"):
                 assert patch["sha256"].encode() not in sbom_bytes
+
+
+def test_sbom_lists_every_base_package_of_the_debian_set() -> None:
+    doc = json.loads(env_path("KIMI_IMAGE_SBOM").read_bytes())
+    listed = {p["name"]: (p["versionInfo"], p["checksums"][0]["checksumValue"]) for p in doc["packages"]
+              if p["SPDXID"].startswith("SPDXRef-Deb-")}
+    base = json.loads(env_path("KIMI_DEBIAN_LOCK").read_text())["sets"]["image-base"]["packages"]
+    assert listed == {p["name"]: (p["version"], p["sha256"]) for p in base}
 
 
 def test_sbom_layer_ships_the_sbom() -> None:

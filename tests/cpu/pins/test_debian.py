@@ -135,6 +135,55 @@ def test_resolver_refuses_unknown_and_excluded_roots() -> None:
         debian.resolve_closure(idx, ["virtual-mail"], {}, "t")
 
 
+def test_meta_roots_and_provider_priority() -> None:
+    text = "\n".join([
+        stanza("base-files", "12") + "Essential: yes\nPriority: required\n",
+        stanza("dash", "0.5", depends="awk") + "Essential: yes\nPriority: required\n",
+        stanza("gawk", "5", provides="awk") + "Priority: optional\n",
+        stanza("mawk", "1.3", provides="awk") + "Priority: required\n",
+        stanza("apt", "2.6") + "Priority: required\n",
+        stanza("vim", "9") + "Priority: optional\n",
+    ])
+    idx = index_of((text, "s"))
+    # mawk (required) before gawk (optional) for `awk`, as apt prefers it
+    assert [c.name for c in debian.resolve_closure(idx, ["?essential"], {}, "t")] == ["base-files", "dash", "mawk"]
+    assert [c.name for c in debian.resolve_closure(idx, ["?priority(required)"], {"dash": "r"}, "t")] == \
+        ["apt", "base-files", "mawk"]
+    with pytest.raises(UserError, match=r"unknown root pattern \?standard"):
+        debian.resolve_closure(idx, ["?standard"], {}, "t")
+
+
+def test_check_installed_compares_names_and_versions(deb_lock: tuple[Path, Path]) -> None:
+    lock, _ = deb_lock
+    s = debian.load_set(lock, "tiny")
+    ok = "".join(f"Package: {p.name}\nStatus: install ok installed\nVersion: {p.version}\n\n" for p in s.packages)
+    debian.check_installed(s, ok, "root R")
+    with pytest.raises(UserError, match=r"root R: installed packages differ .*not in the set: extra 1; in the set, "
+                                        r"not installed: none"):
+        debian.check_installed(s, ok + "Package: extra\nStatus: install ok installed\nVersion: 1\n", "root R")
+    with pytest.raises(UserError, match=r"not in the set: hello 2.0; in the set, not installed: hello 1.0-1"):
+        debian.check_installed(s, ok.replace("Version: 1.0-1", "Version: 2.0", 1), "root R")
+
+
+def test_local_repository_lists_exactly_the_verified_debs(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
+    lock, _ = deb_lock
+    s = debian.load_set(lock, "tiny")
+    repo = debian.local_repository(s, tmp_path / "repo", cache_dir=tmp_path / "cache", mirrors=[])
+    stanzas = debian.parse_stanzas((repo / "Packages").read_text())
+    assert [(st["Package"], st["Version"], st["Filename"], st["SHA256"], int(st["Size"])) for st in stanzas] == \
+        [(p.name, p.version, "./" + Path(p.filename).name, p.sha256, p.size) for p in s.packages]
+    assert sorted(f.name for f in repo.iterdir()) == ["Packages", "hello_1.0-1_amd64.deb",
+                                                     "libhello-dev_1.0-1_amd64.deb"]
+    # A lock entry whose bytes are another package's .deb is refused, nothing is left behind.
+    data = json.loads(lock.read_text())
+    data["sets"]["tiny"]["packages"][0]["version"] = "9.9"
+    lock.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"package hello 9.9: the verified .deb says hello 1.0-1"):
+        debian.local_repository(debian.load_set(lock, "tiny"), tmp_path / "repo2", cache_dir=tmp_path / "cache",
+                                mirrors=[])
+    assert not (tmp_path / "repo2").exists() and leftovers(tmp_path, "repo2") == []
+
+
 def test_versioned_relation_needs_a_versioned_provides() -> None:
     text = stanza("a", "1", depends="v (>= 2)") + "\n" + stanza("p", "1", provides="v") + "\n" + \
         stanza("q", "1", provides="v (= 2.5)")
@@ -438,7 +487,7 @@ def test_the_checked_in_lock_is_consistent() -> None:
     assert "kernel-userland" in sets
     for s in sets.values():
         names = {p.name for p in s.packages}
-        assert set(s.roots) <= names, s.name
+        assert {r for r in s.roots if not r.startswith("?")} <= names, s.name
         assert not names & set(s.exclude), s.name
         for p in s.packages:
             assert p.urls[0] == f"{s.archive}/{p.filename}" and p.architecture in (s.architecture, "all")

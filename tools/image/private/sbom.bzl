@@ -10,7 +10,12 @@ def _sbom_impl(ctx):
     args.add("--out", out)
     args.add("--source-date-epoch", ctx.attr.source_date_epoch)
     args.add_all(ctx.files.gate_manifests, before_each = "--gate-manifest")
-    run_tool(ctx, "image.sbom", args, [ctx.file.lock] + ctx.files.gate_manifests, [out], "Sbom", "Writing the SBOM %{label}")
+    inputs = [ctx.file.lock] + ctx.files.gate_manifests
+    if ctx.file.debian_lock:
+        args.add("--debian-lock", ctx.file.debian_lock)
+        args.add("--debian-set", ctx.attr.debian_set)
+        inputs.append(ctx.file.debian_lock)
+    run_tool(ctx, "image.sbom", args, inputs, [out], "Sbom", "Writing the SBOM %{label}")
     return [DefaultInfo(files = depset([out]))]
 
 sbom = rule(
@@ -19,6 +24,8 @@ sbom = rule(
         "lock": attr.label(allow_single_file = True, default = "//third_party:pins.lock.json"),
         "stack": attr.string(mandatory = True),
         "gate_manifests": attr.label_list(allow_files = [".json"]),
+        "debian_lock": attr.label(allow_single_file = True, doc = "the base layer's set, e.g. @debian_image_base//:lock"),
+        "debian_set": attr.string(doc = "the set's name (with debian_lock)"),
         "source_date_epoch": attr.string(mandatory = True),
     },
     toolchains = PY_TOOLCHAIN,

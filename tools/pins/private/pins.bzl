@@ -15,9 +15,17 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:wheels_torch, //stack:wheels_rest
                        the stack's `wheels` closure split for the image's layers (see below)
   //:stacks.bzl        STACKS (stack names) and PATCH_PINS (stack -> patch pins) for BUILD files
+
+The `debian` extension does the same for third_party/debian.lock.json: one lazily fetched
+repository per set,
+`@debian_<set>` (dashes as underscores), holding the set's own entry as a one-set lock and a flat
+apt repository of its verified .debs (`python3 -m tools.pins.debian repo`):
+  //:lock              set.lock.json (only this set: editing another set re-fetches nothing here)
+  //:repo              repo/Packages and the .debs (mmdebstrap's only mirror, tools/image/rootfs.py)
+  //:cache_root        the artifact cache root ($KIMI_K3_CACHE when fetched), for actions
 """
 
-load(":fetch.bzl", "fetch_pin_file")
+load(":fetch.bzl", "FETCH_ENVIRON", "fetch_pin_file", "tool_env", "tool_python", "watch_python_sources")
 
 def _repo_name(pin):
     return "pin_" + "".join([c if c.isalnum() else "_" for c in pin.elems()])
@@ -34,9 +42,8 @@ _pinned_file = repository_rule(
         "pin": attr.string(mandatory = True),
         "pin_json": attr.string(mandatory = True),
         "filename": attr.string(mandatory = True),
-        "_module_file": attr.label(default = "//:MODULE.bazel"),
     },
-    environ = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"],
+    environ = FETCH_ENVIRON,
 )
 
 # The image's wheel layers (image/BUILD.bazel), bottom first: `torch` (torch, triton and
@@ -137,5 +144,61 @@ def _pins_impl(mctx):
 
 pins = module_extension(
     implementation = _pins_impl,
+    tag_classes = {"lock": tag_class(attrs = {"file": attr.label(mandatory = True)})},
+)
+
+
+def _debian_repo_name(set_name):
+    return "debian_" + "".join([c if c.isalnum() else "_" for c in set_name.elems()])
+
+def _debian_set_impl(rctx):
+    python = tool_python(rctx)
+    rctx.file("set.lock.json", rctx.attr.set_json)
+    watch_python_sources(rctx)
+    args = [python, "-m", "tools.pins.debian", "repo", "--lock", "set.lock.json", "--set", rctx.attr.set, "--out", "repo"]
+    env = tool_env(rctx)
+    rctx.report_progress("fetching the .debs of Debian set %s" % rctx.attr.set)
+    res = rctx.execute(args, environment = env, timeout = 7200, quiet = False)
+    if res.return_code != 0:
+        # tools.pins.debian prints a one-line `error: ...` naming the package and the fix.
+        fail("Debian set '%s': %s" % (rctx.attr.set, (res.stderr.strip().splitlines() or ["fetch failed"])[-1]))
+    # Actions run without the user's environment: the cache root they keep derived files under
+    # (the rootfs tars) is recorded here, from the one function that defines it.
+    res = rctx.execute([python, "-c", "from tools.common.cache import cache_root; print(cache_root().absolute())"],
+                       environment = env)
+    if res.return_code != 0:
+        fail("Debian set '%s': cannot compute the cache root: %s" % (rctx.attr.set, res.stderr.strip()))
+    rctx.file("cache_root.txt", res.stdout.strip() + "\n")
+    rctx.file("BUILD.bazel", "\n".join([
+        'package(default_visibility = ["//visibility:public"])',
+        'exports_files(["set.lock.json", "cache_root.txt"])',
+        'filegroup(name = "lock", srcs = ["set.lock.json"])',
+        'filegroup(name = "repo", srcs = ["repo/Packages"] + glob(["repo/*.deb"]))',
+        'filegroup(name = "cache_root", srcs = ["cache_root.txt"])',
+        "",
+    ]))
+
+_debian_set = repository_rule(
+    implementation = _debian_set_impl,
+    attrs = {
+        "set": attr.string(mandatory = True),
+        "set_json": attr.string(mandatory = True),
+    },
+    environ = FETCH_ENVIRON,
+)
+
+def _debian_impl(mctx):
+    for mod in mctx.modules:
+        for tag in mod.tags.lock:
+            lock = json.decode(mctx.read(tag.file))
+            for set_name in sorted(lock["sets"].keys()):
+                _debian_set(
+                    name = _debian_repo_name(set_name),
+                    set = set_name,
+                    set_json = json.encode_indent({"schema_version": lock["schema_version"], "sets": {set_name: lock["sets"][set_name]}}),
+                )
+
+debian = module_extension(
+    implementation = _debian_impl,
     tag_classes = {"lock": tag_class(attrs = {"file": attr.label(mandatory = True)})},
 )
