@@ -922,20 +922,24 @@ class StandInRoot:
     namespace holder lives on between run() calls (as it does for real) until close().
     """
 
-    def __init__(self, base: Path, python: str | None = None) -> None:
-        self.base = base
+    def __init__(self, base: Path, python: str | None = None, ws: Path = REPO_ROOT, provisioned: bool = True) -> None:
+        """ws: the checkout whose tools/bazel runs. provisioned=False: the stand-in tree is built
+        at `template` instead, for a stand-in mmdebstrap to copy when the launcher provisions."""
+        self.base, self.launcher = base, ws / "tools" / "bazel"
         self.cache, self.out_root, self.roots = base / "cache", base / "out", base / "roots"
-        self.root = self.roots / sealed_root_key()
+        self.root = self.roots / sealed_root_key(ws)
+        self.template = base / "template"
         self.log = self.cache / "argv.log"
         self.bazel_env, self.bazel_args = self.cache / "bazel.env", self.cache / "bazel.args"
         self.fake_py = base / "py" / "bin" / "python3.11"
         self.holder_pid_file = self.roots / f"{self.root.name}.mntns.pid"
         self.proc: subprocess.CompletedProcess | None = None
         self.cache.mkdir(parents=True)
-        root, log = self.root, self.log
+        root, log = (self.root if provisioned else self.template), self.log
         for d in ("etc/ssl/certs", "proc", "sys", "dev"):
             (root / d).mkdir(parents=True)
-        (root / ".kimi-k3-complete").touch()
+        if provisioned:
+            (root / ".kimi-k3-complete").touch()
         copy_with_libs("/bin/sh", root, "/bin/sh")
         copy_with_libs(shutil.which("env") or "/usr/bin/env", root, "/usr/bin/env.real")
         (root / "usr/bin/env").write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
@@ -974,7 +978,7 @@ class StandInRoot:
                "KIMI_K3_FORCE_SEALED_ROOT": "1", "KIMI_K3_SEALED_ROOT_DIR": str(self.roots),
                "KIMI_K3_CACHE": str(self.cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(self.out_root),
                "KIMI_K3_PYTHON": self.python, **env}
-        command = [str(LAUNCHER), "info", "release"]
+        command = [str(self.launcher), "info", "release"]
         if self.where:
             command = [shutil.which("chroot") or "/usr/sbin/chroot", self.where, "/bin/sh", "-c", 'cd "$0" && exec "$@"',
                        str(self.cache), *command]
@@ -1017,6 +1021,98 @@ def run_launcher_in_stand_in_root(base: Path, env: dict[str, str], python: str |
     finally:
         stand_in.close()
     return stand_in
+
+
+FAKE_MMDEBSTRAP = r"""
+import json, os, re, shutil, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_MMDEBSTRAP_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+suite, target, mirror = [a for a in args if not a.startswith("--")]
+repo = re.fullmatch(r"deb \[trusted=yes\] copy://(/\S+) \./", mirror).group(1)
+include = next(a for a in args if a.startswith("--include=")).split("=", 1)[1].split(",")
+shutil.copytree(os.environ["FAKE_MMDEBSTRAP_TEMPLATE"], target, symlinks=True)
+status = []
+for stanza in open(os.path.join(repo, "Packages")).read().split("\n\n"):
+    f = dict(l.split(": ", 1) for l in stanza.splitlines() if ": " in l and not l.startswith(" "))
+    if f.get("Package") in include and f["Package"] != os.environ.get("FAKE_MMDEBSTRAP_DROP"):
+        status.append(f"Package: {f['Package']}\nStatus: install ok installed\nVersion: {f['Version']}\n")
+os.makedirs(os.path.join(target, "var/lib/dpkg"), exist_ok=True)
+open(os.path.join(target, "var/lib/dpkg/status"), "w").write("\n".join(status))
+"""
+
+
+def provisioning_checkout(base: Path) -> tuple[Path, Path]:
+    """A checkout (this one's tools/, its .bazelversion) whose Debian lock holds a tiny bazel-root
+    set of two generated .debs, served from a mirror directory only (the origin is unreachable)."""
+    ws, mirror = base / "ws", base / "mirror"
+    (ws / "third_party").mkdir(parents=True)
+    mirror.mkdir()
+    (ws / "tools").symlink_to(REPO_ROOT / "tools")
+    shutil.copy(REPO_ROOT / ".bazelversion", ws / ".bazelversion")
+    entries = []
+    for name in ("bazel-bootstrap", "git"):
+        build = base / f"{name}-deb"
+        (build / "DEBIAN").mkdir(parents=True)
+        (build / "DEBIAN" / "control").write_text(f"Package: {name}\nVersion: 1.0\nArchitecture: amd64\n"
+                                                  f"Maintainer: T <t@example.org>\nDescription: {name}\n")
+        deb = mirror / f"{name}_1.0_amd64.deb"
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(build), str(deb)], check=True,
+                       capture_output=True)
+        data = deb.read_bytes()
+        entries.append({"name": name, "version": "1.0", "architecture": "amd64", "size": len(data),
+                        "filename": f"pool/main/x/{name}/{deb.name}", "sha256": hashlib.sha256(data).hexdigest(),
+                        "urls": [f"http://127.0.0.1:9/pool/main/x/{name}/{deb.name}"]})
+    (ws / "third_party" / "debian.lock.json").write_text(json.dumps({"schema_version": 1, "sets": {"bazel-root": {
+        "description": "", "archive": "http://deb.debian.org/debian", "suites": ["sid"], "architecture": "amd64",
+        "roots": ["bazel-bootstrap", "git"], "exclude": {}, "packages": entries}}}))
+    return ws, mirror
+
+
+def provisioning_stand_in(base: Path) -> tuple[StandInRoot, dict[str, str]]:
+    ws, mirror = provisioning_checkout(base)
+    stand_in = StandInRoot(base / "root", ws=ws, provisioned=False)
+    (stand_in.template / "usr/share/bazel").mkdir(parents=True)
+    (stand_in.template / "usr/share/bazel/build-label.txt").write_text((ws / ".bazelversion").read_text().strip())
+    fake = stand_in.shims / "mmdebstrap"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_MMDEBSTRAP}")
+    fake.chmod(0o755)
+    env = {"KIMI_K3_MIRROR": str(mirror), "FAKE_MMDEBSTRAP_LOG": str(base / "mmdebstrap.log"),
+           "FAKE_MMDEBSTRAP_TEMPLATE": str(stand_in.template)}
+    return stand_in, env
+
+
+def test_bazel_launcher_provisions_the_sealed_root_from_the_locked_debs(tmp_path: Path) -> None:
+    """The sealed root is mmdebstrap of exactly Debian set bazel-root: its only mirror a local
+    repository of the verified .debs (here from a mirror directory, the origin unreachable), every
+    package named, the root's directory named by the set's entries; built once, then reused."""
+    stand_in, env = provisioning_stand_in(tmp_path)
+    try:
+        stand_in.run(env)
+        stand_in.run(env)
+    finally:
+        stand_in.close()
+    (args,) = [json.loads(line) for line in (tmp_path / "mmdebstrap.log").read_text().splitlines()]
+    assert "--variant=custom" in args and "--include=bazel-bootstrap,git" in args
+    mirrors = [a for a in args if a.startswith("deb ")]
+    assert len(mirrors) == 1 and re.fullmatch(rf"deb \[trusted=yes\] copy://{re.escape(str(stand_in.root))}"
+                                              r"\.repo\.[0-9]+ \./", mirrors[0]), mirrors
+    assert (stand_in.root / ".kimi-k3-complete").is_file() and stand_in.bazel_args.exists()
+    assert sorted(p.name for p in stand_in.roots.iterdir() if ".repo." in p.name or ".tmp." in p.name) == []
+
+
+def test_bazel_launcher_refuses_a_sealed_root_that_is_not_the_set(tmp_path: Path) -> None:
+    stand_in, env = provisioning_stand_in(tmp_path)
+    try:
+        proc = stand_in.run({**env, "FAKE_MMDEBSTRAP_DROP": "git"}, check=False)
+    finally:
+        stand_in.close()
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: root ") and "installed packages differ from set 'bazel-root'" in last \
+        and "in the set, not installed: git 1.0" in last, proc.stderr
+    assert not stand_in.root.exists() and not stand_in.bazel_args.exists()
+    assert [p.name for p in stand_in.roots.iterdir() if ".repo." in p.name or ".tmp." in p.name] == []
 
 
 def test_bazel_launcher_refuses_an_interpreter_with_a_system_prefix(tmp_path: Path) -> None:
