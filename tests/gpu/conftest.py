@@ -19,7 +19,9 @@
   `--//kernel_cache:only` build was made with (KIMI_GPU_KERNEL_CACHE_ONLY, comma separated, or
   KIMI_GPU_KERNEL_CACHE_ONLY_FILE). A declared module the cache lacks fails the test; only a
   module outside that set (declared for other archs, or left out by `only`) is skipped, with the
-  reason (tools/gpu_suite/site.py module_verdict).
+  reason (tools/gpu_suite/site.py module_verdict). A CUTLASS MoE test also names the runner it
+  constructs (`require_cached_runner`): outside the cache's kernel selection it is skipped naming
+  the selection (site.py runner_verdict).
 - Under Bazel, pytest's JUnit XML goes to XML_OUTPUT_FILE (as in the CPU suite).
 - Nothing runs this suite in CI (.ci/run runs the CPU suite only): run it on a GPU host with
   `tools/bazel test //tests/gpu/... --config=gpu` or tools/gpu_suite/run.py.
@@ -105,6 +107,18 @@ def require_cached_module(name: str) -> None:
         pytest.skip(why)
     if verdict == "fail":
         pytest.fail(why)
+
+
+def require_cached_runner(module: str, runner: str) -> None:
+    """require_cached_module(module), then skip where the cache's kernel selection leaves the
+    CUTLASS MoE `runner` out (gpu_site.runner_verdict): calling it would raise
+    NotImplementedError by design."""
+    require_cached_module(module)
+    if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
+        return
+    verdict, why = gpu_site.runner_verdict(module, runner, installed_cache_meta())
+    if verdict == "skip":
+        pytest.skip(why)
 
 
 def _device() -> tuple[str, str] | None:

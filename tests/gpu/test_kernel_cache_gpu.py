@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).absolute().parent))
-from conftest import import_or_fail, kernel_cache_meta, require_cached_module  # noqa: E402
+from conftest import (import_or_fail, kernel_cache_meta, require_cached_module,  # noqa: E402
+                      require_cached_runner)
 
 torch = import_or_fail("torch")
 
@@ -89,6 +90,10 @@ def test_cutlass_moe_accepts_situ_keywords() -> None:
     assert int(ActivationType.Situ) == 10
 
 
+# What _bf16_moe constructs (kernel_cache/selections.json spelling).
+BF16_RUNNER = "CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>"
+
+
 def _moe_module_name() -> str:
     major, _ = torch.cuda.get_device_capability(0)
     return {9: "fused_moe_90", 12: "fused_moe_120"}.get(major, f"fused_moe_{major}0")
@@ -133,14 +138,14 @@ def _bf16_moe(activation: str, situ: tuple["torch.Tensor", "torch.Tensor"] | Non
 
 
 def test_cutlass_moe_bf16_swiglu_from_cache() -> None:
-    require_cached_module(_moe_module_name())
+    require_cached_runner(_moe_module_name(), BF16_RUNNER)
     err = _bf16_moe("swiglu", None)
     _report("cutlass_fused_moe bf16 SwiGLU", err)
     assert err < 3e-2
 
 
 def test_cutlass_moe_bf16_situ_per_expert_betas_from_cache() -> None:
-    require_cached_module(_moe_module_name())
+    require_cached_runner(_moe_module_name(), BF16_RUNNER)
     experts = 4
     # Non-default, per-expert betas small enough that tanh saturates: a kernel that ignored them
     # (or used 4.0 / 25.0) would miss the reference by far more than the tolerance.
@@ -155,7 +160,7 @@ def test_cutlass_moe_bf16_situ_per_expert_betas_from_cache() -> None:
 
 
 def test_cutlass_moe_rejects_wrong_situ_shapes() -> None:
-    require_cached_module(_moe_module_name())
+    require_cached_runner(_moe_module_name(), BF16_RUNNER)
     bad = torch.full((3,), 4.0, device="cuda", dtype=torch.float32)  # 4 experts on this rank
     with pytest.raises(Exception, match="situ_beta"):
         _bf16_moe("situ", (bad, torch.full((4,), 25.0, device="cuda")), experts=4)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import pytest
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).absolute().parent))
-from conftest import import_or_fail, require_cached_module  # noqa: E402
+from conftest import import_or_fail, require_cached_module, require_cached_runner  # noqa: E402
 
 torch = import_or_fail("torch")
 
@@ -227,7 +227,8 @@ def check_against_references(case: Case, run: Any, label: str, tolerance: float)
 def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
     device = _cuda()
     if _capability()[0] == 9:
-        require_cached_module("fused_moe_90")
+        # W4A16 (isWFP4A16Quant): bf16 activations x MXFP4 weights.
+        require_cached_runner("fused_moe_90", "CutlassMoeFCRunner<__nv_bfloat16, Fp4Type>")
     if _capability()[0] != 9:
         pytest.skip(f"SM90 W4A16 MXFP4 path; this GPU is sm{''.join(map(str, _capability()))}")
     _flashinfer_with_situ()
@@ -276,7 +277,7 @@ def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
 def test_situ_mxfp8_mxfp4_sm120(shape: MoeShape) -> None:
     device = _cuda()
     if _capability()[0] == 12:
-        require_cached_module("fused_moe_120")
+        require_cached_runner("fused_moe_120", "CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>")
         require_cached_module("mxfp8_quantization_sm100")  # flashinfer.mxfp8_quantize below
     if _capability()[0] != 12:
         pytest.skip(

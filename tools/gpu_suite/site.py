@@ -133,6 +133,21 @@ def module_verdict(module: str, meta: Mapping[str, Any] | None, modules_json: Pa
             "with KIMI_GPU_KERNEL_CACHE_ONLY / python3 -m tools.gpu_suite --only")
 
 
+def runner_verdict(module: str, runner: str, meta: Mapping[str, Any] | None) -> tuple[str, str]:
+    """("run" | "skip", reason) for a GPU test that needs CUTLASS MoE `runner` (as
+    kernel_cache/selections.json spells it) of a module the cache holds. A cache built for a
+    kernel selection records the runners it compiled (kernel_cache.json); one outside them
+    raises NotImplementedError by design, so the test is skipped naming the selection. A cache
+    without a selection (`full`) has every runner."""
+    sel = ((meta or {}).get("modules") or {}).get(module, {}).get("kernel_selection")
+    if not sel or runner in sel.get("runners", []):
+        return ("run", "")
+    return ("skip", f"FlashInfer module {module}: {runner} is outside kernel selection "
+            f"{sel.get('name')} of this {meta.get('arch_list')} cache (it compiles "
+            f"{', '.join(sel.get('runners', [])) or 'no runner'}); build the cache with a selection "
+            "that has it (kernel_cache/selections.json, e.g. --//kernel_cache:selection=full)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--site", type=Path, required=True)

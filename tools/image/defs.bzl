@@ -7,6 +7,7 @@
     oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
     oci_push           `bazel run` target: tools/image/push.py on that layout
     kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
+    kernel_cache_layer_pypi_test   the same under the pypi stack
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
 re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
@@ -18,7 +19,7 @@ the same inputs give the same digests. Rule internals: tools/image/private/.
 """
 
 load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_directory")
-load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_test = "kernel_cache_layer_test")
+load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_pypi_test = "kernel_cache_layer_pypi_test", _kernel_cache_layer_test = "kernel_cache_layer_test")
 load("//tools/image/private:layer.bzl", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
@@ -33,4 +34,5 @@ sbom = _sbom
 oci_image_layout = _oci_image_layout
 oci_push = _oci_push
 kernel_cache_layer_test = _kernel_cache_layer_test
+kernel_cache_layer_pypi_test = _kernel_cache_layer_pypi_test
 LayerInfo = _LayerInfo

@@ -220,6 +220,11 @@ def write_cache_json(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping
                 "sha256": sha256_file(module_sos[m["name"]]),
                 "generator": m["generator"], "kwargs": m["kwargs"],
                 "objects": len(m["objects"]),
+                # The runners a kernel selection compiled in (tests/gpu skip the others, naming
+                # the selection); absent for `full`.
+                **({"kernel_selection": {"name": m["kernel_selection"]["name"],
+                                         "runners": m["kernel_selection"]["runners"]}}
+                   if "kernel_selection" in m else {}),
                 "flags": {"compile": sorted({" ".join(o["args"]) for o in m["objects"]}),
                           "link": " ".join(m["link"]["args"])},
             } for m in plan["modules"]},

@@ -89,6 +89,38 @@ def test_every_module_the_gpu_tests_need_is_declared() -> None:
     assert {"fused_moe_90", "fused_moe_120"} <= declared
 
 
+def test_runner_verdicts_follow_the_cache_selection() -> None:
+    meta = _meta("12.0f", ["fused_moe_120"])
+    bf16 = "CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>"
+    assert gpu_site.runner_verdict("fused_moe_120", bf16, meta) == ("run", "")  # full: every runner
+    meta["modules"]["fused_moe_120"]["kernel_selection"] = {
+        "name": "kimi-k3", "runners": ["CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>"]}
+    verdict, why = gpu_site.runner_verdict("fused_moe_120", bf16, meta)
+    assert verdict == "skip" and f"{bf16} is outside kernel selection kimi-k3" in why, why
+    assert gpu_site.runner_verdict(
+        "fused_moe_120", "CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>", meta)[0] == "run"
+
+
+def test_gpu_tests_runners_are_in_the_selections_of_their_host() -> None:
+    """The Hopper test host's default selection (gpu-test-sm90) has every runner the SM90 tests
+    construct, so none of them skips there; the SM120 test's runner is kimi-k3's."""
+    sels = json.loads((ROOT / "kernel_cache" / "selections.json").read_text())["selections"]
+    needed = set()
+    for f in GPU_TESTS.glob("test_*.py"):
+        text = f.read_text()
+        needed |= set(re.findall(r'require_cached_runner\("(\w+)", "([^"]+)"\)', text))
+        needed |= {(m, r) for m in ("fused_moe_90", "fused_moe_120")
+                   for r in re.findall(r'^BF16_RUNNER = "([^"]+)"', text, re.M)}
+    for module, selection in (("fused_moe_90", "gpu-test-sm90"), ("fused_moe_120", "kimi-k3")):
+        runners = sels[selection]["modules"][module]["runners"]
+        want = {r for m, r in needed if m == module}
+        assert want, module
+        if selection == "gpu-test-sm90":
+            assert want <= set(runners), want - set(runners)
+        else:  # SM120: the MXFP8 x MXFP4 test runs; the bf16 ones skip by the selection
+            assert "CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>" in want & set(runners)
+
+
 def _suite_copy(tmp: Path) -> Path:
     """tests/gpu with tools/ and kernel_cache/modules.json beside it, like the repo."""
     (tmp / "kernel_cache").mkdir(parents=True)

@@ -26,7 +26,7 @@ import pytest
 import tools.kernel_cache.build as kc_build
 from tools.common.errors import UserError
 from tools.image.smoke import write_driver_stub
-from tools.kernel_cache.plan import make_plan, moe_instantiations, read_plan
+from tools.kernel_cache.plan import describe_drift, make_plan, moe_instantiations, read_plan
 from tools.kernel_cache.selection import (BINDING, HEADER_NAME, INSTANTIATION, SELECTION_DIR,
                                           instances, load_selections)
 from tests.cpu.conftest import pinned_toolchain_paths
@@ -97,6 +97,23 @@ def test_checked_in_selections_agree_with_the_bazel_constants() -> None:
     for (arch, variant), f in plan_files.items():
         if variant in ("full", "lean"):
             assert "selection" not in read_plan(REPO_ROOT / "kernel_cache" / f), f
+
+
+def test_pypi_stack_plan_matches_flashinfer_0_7_2(env: dict[str, Any], tmp_path: Path) -> None:
+    """The pypi stack's kimi-k3 plan is what the same selection makes of the 0.7.2 wheel (its
+    series is empty: the gate's tree is the wheel; digests are checked by :plan_check)."""
+    tree = tmp_path / "fi072"
+    with zipfile.ZipFile(_required_env("KIMI_TEST_FLASHINFER_PYPI_WHEEL")) as z:
+        z.extractall(tree)
+    checked_in = read_plan(REPO_ROOT / "kernel_cache" / "plan_120f_kimi-k3.pypi.bzl")
+    assert (checked_in["flashinfer_version"], checked_in["selection"]) == ("0.7.2", "kimi-k3")
+    fresh = make_plan(tree, MODULES, "12.0f", "full", env["tc"], selection="kimi-k3",
+                      selections_path=SELECTIONS)
+    for plan in (checked_in, fresh):
+        plan["patched_source_digest"] = None
+    assert describe_drift(checked_in, fresh) is None
+    (moe,) = [m for m in fresh["modules"] if m["name"] == "fused_moe_120"]
+    assert len(moe["objects"]) == 17
 
 
 def test_kimi_k3_plan_compiles_only_mxfp8_x_mxfp4(env: dict[str, Any], tmp_path: Path) -> None:

@@ -31,3 +31,17 @@ kernel_cache_layer_test = analysistest.make(
         str(Label("//third_party:stack")): "pypi",
     },
 )
+
+# The pypi stack's image takes the same cache target (its plan is plan_120f_kimi-k3.pypi.bzl, for
+# FlashInfer 0.7.2), not an empty stand-in: FlashInfer must not compile at the first request.
+kernel_cache_layer_pypi_test = analysistest.make(
+    _kernel_cache_layer_test_impl,
+    attrs = {
+        "expected_tree": attr.string(mandatory = True, doc = "short path of the kernel cache tree"),
+        "expected_arch": attr.string(mandatory = True),
+    },
+    config_settings = {
+        str(Label("//kernel_cache:arch")): "9.0a",
+        str(Label("//third_party:stack")): "pypi",
+    },
+)
