@@ -217,7 +217,9 @@ def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
         env={**os.environ, "LD_BIND_NOW": "1", "LD_LIBRARY_PATH": os.pathsep.join(libs)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["raised"] == "NotImplementedError", result
+    # TVM FFI's NotImplementedError kind (the binding's own for unsupported combinations); a
+    # tvm-ffi that registers no Python class for that kind raises it as RuntimeError.
+    assert result["raised"] in ("NotImplementedError", "RuntimeError"), result
     assert ("CUTLASS MoE runner CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16> is not compiled "
             "into fused_moe_120: it is outside kernel selection load-check (arch 12.0f); add it "
             "to selections.load-check.modules.fused_moe_120") in result["message"], result
