@@ -98,15 +98,22 @@ class Toolchain:
     def prefix_maps(self) -> list[tuple[str, str]]:
         """Where the toolchain's parts live -> fixed paths, for -ffile-prefix-map. The userland maps
         to "" so its headers keep their system paths (/usr/include/...): objects then equal those
-        of a bookworm host whose compiler is the same package. Both the given paths and the real
-        ones (nvcc and gcc resolve their own location through symlinks) are mapped."""
-        pairs = [(self.cuda_home, "/kimi-k3/cuda"), (self.tvm_ffi_dir, "/kimi-k3/tvm_ffi"),
-                 (self.python_include, "/kimi-k3/python-include")]
+        of a bookworm host whose compiler is the same package. Each part is mapped by the path it
+        was given and by where its files really are: nvcc and gcc find their own include dirs
+        from their real location (/proc/self/exe), which in a Bazel sandbox (a forest of links to
+        the output base) is the output base's, different on every machine and checkout."""
+        parts = [(self.cuda_home, "/kimi-k3/cuda", "bin/nvcc", 2),
+                 (self.tvm_ffi_dir, "/kimi-k3/tvm_ffi", "include/tvm/ffi/c_api.h", 4),
+                 (self.python_include, "/kimi-k3/python-include", "Python.h", 1)]
         if self.userland is not None:
-            pairs.append((self.userland, ""))
+            parts.append((self.userland, "", f"usr/bin/g++-{USERLAND_GCC_MAJOR}", 3))
         maps: dict[str, str] = {}
-        for path, fixed in pairs:
-            for p in (str(path), os.path.realpath(path)):
+        for path, fixed, probe, depth in parts:
+            real_file = Path(os.path.realpath(path / probe))
+            candidates = [str(path), os.path.realpath(path)]
+            if real_file.exists():
+                candidates.append(str(real_file.parents[depth - 1]))
+            for p in candidates:
                 maps.setdefault(p, fixed)
         return list(maps.items())
 

@@ -321,6 +321,30 @@ def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:
     assert "/usr/local/cuda" not in json.dumps(built)
 
 
+def test_prefix_maps_cover_where_the_compilers_really_are(tmp_path: Path) -> None:
+    """In a Bazel sandbox the toolchain is a forest of links into the output base; nvcc and gcc
+    find their include dirs from their real location, so that location must be mapped too, or
+    the objects embed the output base (measured: norm.so differed between two output roots)."""
+    from tools.kernel_cache.toolchain import Toolchain
+    real, forest = tmp_path / "output_base" / "external" / "x", tmp_path / "sandbox" / "x"
+    files = ["cuda/bin/nvcc", "cuda/include/cuda.h", "ul/usr/bin/g++-12",
+             "ul/usr/include/python3.11/Python.h", "tvm/include/tvm/ffi/c_api.h"]
+    for rel in files:
+        (real / rel).parent.mkdir(parents=True, exist_ok=True)
+        (real / rel).write_text("x")
+        (forest / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(real / rel, forest / rel)
+    tc = Toolchain(cuda_home=forest / "cuda", cuda_identity=None, nvcc_release="13.0",
+                   nvcc_version_text="", userland=forest / "ul", userland_identity=None,
+                   cxx_version="", tvm_ffi_dir=forest / "tvm", tvm_ffi_version="",
+                   python_include=forest / "ul/usr/include/python3.11")
+    maps = dict(tc.prefix_maps())
+    assert maps[str(real / "cuda")] == maps[str(forest / "cuda")] == "/kimi-k3/cuda"
+    assert maps[str(real / "ul")] == maps[str(forest / "ul")] == ""
+    assert maps[str(real / "tvm")] == "/kimi-k3/tvm_ffi"
+    assert maps[str(real / "ul/usr/include/python3.11")] == "/kimi-k3/python-include"
+
+
 def test_unpack_tvm_ffi_takes_headers_and_version_from_the_wheel(tmp_path: Path) -> None:
     wheel = tmp_path / "apache_tvm_ffi-9.9.9-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
