@@ -26,7 +26,7 @@ import contextlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tools.common.errors import UserError
 
@@ -235,7 +235,7 @@ def selection_header(ms: Mapping[str, Any], module: str, all_runners: Sequence[s
     referenced (no undefined symbol at load)."""
     ns = "tensorrt_llm::kernels::cutlass_kernels"
 
-    def chain(names: Sequence[str], then: str, other: str) -> str:
+    def chain(names: Sequence[str], then: Callable[[str], str], other: str) -> str:
         return "".join(f"  if constexpr (std::is_same_v<R, {n}>) {{\n    return {then(n)};\n  }} else\n"
                        for n in names) + f"  {{\n    return {other};\n  }}\n"
     sel, arch = ms["selection"], ms["arch"]

@@ -36,6 +36,8 @@ from tools.kernel_cache.toolchain import load_toolchain, unpack_tvm_ffi
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT, flashinfer_source_digest
 from tools.kernel_cache.verify import check_elf, find_cuobjdump, verify
 
+from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer
+
 MARKER = "kimi-k3 kernel cache test patch"
 MARKED_FILE = "flashinfer/data/include/flashinfer/activation.cuh"
 
@@ -119,27 +121,13 @@ def test_plan_drift_is_named(env: dict[str, Any], tmp_path: Path) -> None:
               env["cuda_home"], "--userland", str(env["tc"].userland), "--out", str(path)])
 
 
-CHECKED_IN_PLANS = ["plan_120f_full.bzl", "plan_120f_lean.bzl", "plan_90a_full.bzl",
-                    "plan_120f_kimi-k3.bzl", "plan_90a_gpu-test-sm90.bzl"]
+# The `full` selection's plans; the selections' plans are checked in test_selection.py.
+FULL_PLANS = ["plan_120f_full.bzl", "plan_120f_lean.bzl", "plan_90a_full.bzl"]
 
 
-@pytest.mark.parametrize("plan_name", CHECKED_IN_PLANS)
+@pytest.mark.parametrize("plan_name", FULL_PLANS)
 def test_checked_in_plan_matches_flashinfer(env: dict[str, Any], plan_name: str) -> None:
-    """The checked-in plans' commands are what FlashInfer's generators emit. #4460 changes file
-    contents, not commands, so the wheel (markers not enforced) gives the same plan apart from
-    the source digest; the digest itself is checked against the patch gate's tree by
-    `kernel_cache.py plan --check`, `build --plan` and gen-sources. A kernel selection copies
-    sources #4460 changes (the binding), so there the generated-sources digest is left out too."""
-    checked_in = read_plan(REPO_ROOT / "kernel_cache" / plan_name)
-    fresh = make_plan(env["unpatched"], REPO_ROOT / "kernel_cache" / "modules.json",
-                      checked_in["arch"], checked_in["variant"], env["tc"],
-                      enforce_markers=False, selection=checked_in.get("selection", "full"))
-    for plan in (checked_in, fresh):
-        plan["patched_source_digest"] = plan["source_markers"] = None
-        for m in plan["modules"]:
-            if "kernel_selection" in m:
-                m["gen_digest"] = None
-    assert describe_drift(checked_in, fresh) is None
+    assert_plan_matches_flashinfer(env["unpatched"], plan_name, env["tc"])
 
 
 def test_unpatched_tree_is_refused_before_building(env: dict[str, Any]) -> None:
@@ -577,7 +565,8 @@ def test_default_cache_dir_is_under_the_shared_cache_root(
 
 
 # The pypi stack's plan (FlashInfer 0.7.2) is checked against its wheel in test_selection.py.
-@pytest.mark.parametrize("plan_name", [*CHECKED_IN_PLANS, "plan_120f_kimi-k3.pypi.bzl"])
+@pytest.mark.parametrize("plan_name", [*FULL_PLANS, "plan_120f_kimi-k3.bzl",
+                                       "plan_90a_gpu-test-sm90.bzl", "plan_120f_kimi-k3.pypi.bzl"])
 def test_checked_in_plan_is_byte_for_byte_what_the_tool_writes(plan_name: str) -> None:
     """Header included: it names the generator, so a plan left from an older tool shows here."""
     path = REPO_ROOT / "kernel_cache" / plan_name

@@ -33,6 +33,8 @@ from tests.cpu.conftest import pinned_toolchain_paths
 from tools.kernel_cache.toolchain import load_toolchain
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT
 
+from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer
+
 SELECTIONS = REPO_ROOT / "kernel_cache" / "selections.json"
 MODULES = REPO_ROOT / "kernel_cache" / "modules.json"
 CSRC = "flashinfer/data/csrc"
@@ -97,6 +99,11 @@ def test_checked_in_selections_agree_with_the_bazel_constants() -> None:
     for (arch, variant), f in plan_files.items():
         if variant in ("full", "lean"):
             assert "selection" not in read_plan(REPO_ROOT / "kernel_cache" / f), f
+
+
+@pytest.mark.parametrize("plan_name", ["plan_120f_kimi-k3.bzl", "plan_90a_gpu-test-sm90.bzl"])
+def test_checked_in_selection_plan_matches_flashinfer(env: dict[str, Any], plan_name: str) -> None:
+    assert_plan_matches_flashinfer(env["tree"], plan_name, env["tc"])
 
 
 def test_pypi_stack_plan_matches_flashinfer_0_7_2(env: dict[str, Any], tmp_path: Path) -> None:
@@ -195,7 +202,7 @@ def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
         env: dict[str, Any], tmp_path: Path) -> None:
     """The smallest pruned fused_moe_120 (no runner, no GEMM kernel): links, loads with every
     symbol bound (nothing undefined that the loader would need), and constructing the bf16
-    runner raises NotImplementedError naming it and the selection to add it to."""
+    runner raises (TVM FFI's NotImplementedError) naming it and the selection to add it to."""
     path = _selections(tmp_path / "selections.json", **{"load-check": _moe([], [], [])})
     out = tmp_path / "out"
     kc_build.build(env["tree"], env["modules"], "12.0f", "full", out, 2, tmp_path / "cache",
@@ -217,8 +224,8 @@ def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
         env={**os.environ, "LD_BIND_NOW": "1", "LD_LIBRARY_PATH": os.pathsep.join(libs)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # TVM FFI's NotImplementedError kind (the binding's own for unsupported combinations); a
-    # tvm-ffi that registers no Python class for that kind raises it as RuntimeError.
+    # TVM FFI's NotImplementedError kind (the binding's own for unsupported combinations);
+    # tvm-ffi 0.1.15 registers no Python class for it, so Python sees a RuntimeError.
     assert result["raised"] in ("NotImplementedError", "RuntimeError"), result
     assert ("CUTLASS MoE runner CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16> is not compiled "
             "into fused_moe_120: it is outside kernel selection load-check (arch 12.0f); add it "
