@@ -34,7 +34,7 @@ from tools.common.errors import UserError
 from tools.common.files import temp_sibling
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.kernel_cache.plan import find_module
-from tools.kernel_cache.toolchain import Toolchain
+from tools.kernel_cache.toolchain import Toolchain, real_roots
 from tools.kernel_cache.tree import AOT_SUBDIR
 
 CACHE_JSON_SCHEMA = 1
@@ -51,7 +51,11 @@ class Fill:
     def prefix_maps(self) -> list[tuple[str, str]]:
         """Host path -> fixed path, for -ffile-prefix-map: objects must not embed where the tree,
         generated sources, CUDA or the venv happened to live (Bazel sandboxes differ per run)."""
-        maps = [(str(self.tree), "/kimi-k3/flashinfer-tree"), (str(self.gen_dir), "/kimi-k3/gen")]
+        maps = [(p, "/kimi-k3/flashinfer-tree") for p in real_roots(self.tree)]
+        if self.gen_dir.is_dir():
+            maps += [(p, "/kimi-k3/gen") for p in real_roots(self.gen_dir)]
+        else:
+            maps.append((str(self.gen_dir), "/kimi-k3/gen"))
         maps += self.tc.prefix_maps()
         return sorted(dict(maps).items(), key=lambda kv: -len(kv[0]))
 

@@ -145,6 +145,24 @@ class Toolchain:
         return sha256_bytes(json.dumps(self.identity(), sort_keys=True).encode())
 
 
+def real_roots(path: Path) -> list[str]:
+    """`path` and where its files really are. In a Bazel sandbox a directory input is a forest of
+    links into the output base; tools that resolve a file's real path (cudafe++ for every file
+    it reads, nvcc and gcc for their own location) then name the output base, which differs on
+    every machine and checkout. The real root is read off the first file found under `path`."""
+    roots = [str(path), os.path.realpath(path)]
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        if filenames:
+            first = Path(dirpath) / sorted(filenames)[0]
+            rel = first.relative_to(path)
+            real = Path(os.path.realpath(first))
+            if real.parts[-len(rel.parts):] == rel.parts:
+                roots.append(str(Path(*real.parts[:-len(rel.parts)])))
+            break
+    return list(dict.fromkeys(roots))
+
+
 _SHIMS: dict[Path, tuple[Path, Path]] = {}
 
 

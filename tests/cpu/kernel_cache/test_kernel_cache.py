@@ -331,6 +331,16 @@ def test_prefix_maps_cover_where_the_compilers_really_are(tmp_path: Path) -> Non
     assert maps[str(real / "ul")] == maps[str(forest / "ul")] == ""
     assert maps[str(real / "tvm")] == "/kimi-k3/tvm_ffi"
     assert maps[str(real / "ul/usr/include/python3.11")] == "/kimi-k3/python-include"
+    # The tree and generated sources likewise: cudafe++ names every file it reads by its real
+    # path (measured: norm's csrc_norm.cuda.o embedded the output base's tree path).
+    for rel in ("tree/flashinfer/data/include/norm.cuh", "gen/m/x.cu"):
+        (real / rel).parent.mkdir(parents=True, exist_ok=True)
+        (real / rel).write_text("x")
+        (forest / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(real / rel, forest / rel)
+    fill = dict(Fill(forest / "tree", forest / "gen", tc).prefix_maps())
+    assert fill[str(real / "tree")] == fill[str(forest / "tree")] == "/kimi-k3/flashinfer-tree"
+    assert fill[str(real / "gen")] == "/kimi-k3/gen"
 
 
 def test_unpack_tvm_ffi_takes_headers_and_version_from_the_wheel(tmp_path: Path) -> None:
