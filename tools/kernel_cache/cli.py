@@ -47,7 +47,7 @@ def _add_common(p: argparse.ArgumentParser, tree: bool = True) -> None:
                        help="patched tree (directory holding flashinfer/)")
     p.add_argument("--cuda-home", default=None,
                    help="CUDA root: the pinned one (@kimi_cuda//:root under Bazel) or a local "
-                        "CUDA 13.0 (default $KIMI_CUDA_HOME or /usr/local/cuda)")
+                        "CUDA 13.0 (default $KIMI_CUDA_HOME; no other default)")
     p.add_argument("--userland", default=None,
                    help="compiler userland (the unpacked Debian set kernel-userland: g++-12, "
                         "binutils, libc6-dev), used through --sysroot; default: compilers on PATH")

@@ -230,7 +230,14 @@ def load_tvm_ffi(path: str | None) -> tuple[Path, str]:
 
 def load_toolchain(cuda_home: str | None, userland: str | None = None,
                    tvm_ffi: str | None = None) -> Toolchain:
-    home = Path(cuda_home or os.environ.get("KIMI_CUDA_HOME") or "/usr/local/cuda").absolute()
+    given = cuda_home or os.environ.get("KIMI_CUDA_HOME")
+    if not given:
+        # No default: a CUDA of the machine is never picked up silently.
+        raise UserError("--cuda-home: not given (nor KIMI_CUDA_HOME); pass the pinned CUDA root "
+                        "($(tools/bazel info output_base)/external/_main~kernel_toolchain~kimi_cuda/"
+                        "root after `tools/bazel build //kernel_cache:toolchain`) or, as an escape "
+                        "hatch, a local CUDA 13.0 root")
+    home = Path(given).absolute()
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
         raise UserError(f"--cuda-home {home}: no bin/nvcc there; under Bazel the pinned CUDA root "

@@ -129,7 +129,7 @@ def resolve_in_clean_env(tree: Path, cache: Path, data: Mapping[str, Any], pytho
         return result
 
 
-def verify(cache: Path, tree: Path, modules_path: Path | None, python: str, tc: Toolchain | None,
+def verify(cache: Path, tree: Path, modules_path: Path | None, python: str, tc: Toolchain,
            cuobjdump: str | None, require_load: bool, driver_stub: bool,
            arch: str | None = None, only: Sequence[str] = ()) -> dict[str, Any]:
     tree = check_tree(tree)
@@ -171,7 +171,7 @@ def verify(cache: Path, tree: Path, modules_path: Path | None, python: str, tc: 
             raise UserError(f"--cache {cache}: module {name}: sha256 differs from "
                             f"{CACHE_JSON_NAME}; the file was altered, rebuild")
         report["modules"][name] = {"elf": check_elf(objdump, so, data["arch_list"])}
-    cuda_home = tc.cuda_home if tc else Path(os.environ.get("KIMI_CUDA_HOME", "/usr/local/cuda"))
+    cuda_home = tc.cuda_home
     with tempfile.TemporaryDirectory(prefix="kc-driver-") as stub_tmp:
         stub_dir = None
         if driver_stub:
@@ -181,7 +181,7 @@ def verify(cache: Path, tree: Path, modules_path: Path | None, python: str, tc: 
             (stub_dir / "e.c").write_text("\n")
             cc = ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                   str(stub_dir / "libcuda.so.1"), str(stub_dir / "e.c")]
-            proc = tc.run(cc) if tc else subprocess.run(cc, capture_output=True, text=True)
+            proc = tc.run(cc)
             if proc.returncode != 0:
                 raise UserError(f"--driver-stub: cc failed: {proc.stderr.strip()[-300:]}")
         # The CUDA root's libraries (nvrtc, cublas: the modules' DT_NEEDED beside libcuda).

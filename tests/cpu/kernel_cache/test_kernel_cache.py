@@ -309,6 +309,14 @@ def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:
     assert "/usr/local/cuda" not in json.dumps(built)
 
 
+def test_no_cuda_is_picked_up_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --cuda-home or KIMI_CUDA_HOME the tool names the pinned root; it never falls back to
+    a CUDA the machine happens to have."""
+    monkeypatch.delenv("KIMI_CUDA_HOME", raising=False)
+    with pytest.raises(UserError, match=r"--cuda-home: not given .*kimi_cuda/root"):
+        load_toolchain(None)
+
+
 def test_prefix_maps_cover_where_the_compilers_really_are(tmp_path: Path) -> None:
     """In a Bazel sandbox the toolchain is a forest of links into the output base; nvcc and gcc
     find their include dirs from their real location, so that location must be mapped too, or
