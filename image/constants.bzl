@@ -11,6 +11,10 @@ GATE_MANIFEST_DIR = "/usr/share/kimi-k3/patch-gate"
 
 ENTRYPOINT = "/usr/local/bin/kimi-k3-entrypoint"
 
+# The launch profiles (image/profiles/NAME.json) as the image ships them: the entrypoint's
+# --profile / --print-profile read them from here.
+PROFILES_DIR = "/usr/share/kimi-k3/profiles"
+
 SBOM_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
 
 # The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be

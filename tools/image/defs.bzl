@@ -8,6 +8,7 @@
     oci_push           `bazel run` target: tools/image/push.py on that layout
     kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
     kernel_cache_layer_pypi_test   the same under the pypi stack
+    image_config_files targets built for a stack's image (the launch-profile check's inputs)
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
 re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
@@ -19,6 +20,7 @@ the same inputs give the same digests. Rule internals: tools/image/private/.
 """
 
 load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_directory")
+load("//tools/image/private:image_config_files.bzl", _image_config_files = "image_config_files")
 load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_pypi_test = "kernel_cache_layer_pypi_test", _kernel_cache_layer_test = "kernel_cache_layer_test")
 load("//tools/image/private:layer.bzl", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
@@ -35,4 +37,5 @@ oci_image_layout = _oci_image_layout
 oci_push = _oci_push
 kernel_cache_layer_test = _kernel_cache_layer_test
 kernel_cache_layer_pypi_test = _kernel_cache_layer_pypi_test
+image_config_files = _image_config_files
 LayerInfo = _LayerInfo

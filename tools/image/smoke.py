@@ -3,7 +3,8 @@
 Usage:
     python3 -m tools.image.smoke --layout DIR [--profile kimi-k3] [--import MOD]... \
         [--manifest GATE_MANIFEST.json]... [--require IMAGE_PATH]... [--forbid IMAGE_PATH]... \
-        [--env K=V]... [--workdir DIR] [--keep-rootfs] [--driver-stub]
+        [--env K=V]... [--workdir DIR] [--keep-rootfs] [--driver-stub] [--launch-profile NAME]... \
+        [--launch-profiles-dir DIR] [--kernel-cache-plan PLAN.bzl]
 
 1. `umoci unpack` applies the layers (whiteouts, links, owners) into a rootfs, as a runtime would.
 2. Every file a patch gate manifest lists (changed_files[].path relative to site-packages,
@@ -14,8 +15,18 @@ Usage:
 4. In a chroot of the rootfs (own mount namespace, /proc mounted), `/usr/bin/python3` imports
    each module with only the image's environment plus --env.
 
+5. Launch profiles (--launch-profile NAME, or every profile the image ships with --profile
+   kimi-k3): tools/image/profiles.py runs tools/image/profile_probe.py in the chroot, without
+   network: the image's entrypoint resolves the profile and its guard must accept it, the
+   image's SGLang parses and resolves it (no GPU, no checkpoint: the steps it skips are listed),
+   and every FlashInfer module and feature its backends need must be in the image. One line per
+   profile; a failure names the profile and the argument. --launch-profiles-dir checks other
+   profile files against the image (default: the ones it ships); --kernel-cache-plan takes the
+   module list from a plan for an image assembled without its kernel-cache layer.
+
 --profile kimi-k3 = imports flashinfer, sglang, mooncake.engine; FLASHINFER_DISABLE_JIT=1; requires
-flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache. Needs root (chroot).
+flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache; checks every shipped launch
+profile. Needs root (chroot).
 
 --driver-stub: on hosts without the NVIDIA driver (build machines), mooncake.engine cannot load
 libcuda.so.1, which the container runtime injects on GPU hosts. This builds a stand-in
@@ -39,15 +50,18 @@ from typing import Sequence
 
 from tools.common.errors import UserError, run_cli
 from tools.common.hashing import sha256_file
+from tools.image import profile_probe, profiles
 from tools.image.layout import blob_path, read_index_manifest
 from tools.image.layer import SITE_PACKAGES
 
+# launch_profiles: "*" = every launch profile the image ships.
 PROFILES: dict[str, dict[str, list[str]]] = {
     "kimi-k3": {
         "imports": ["flashinfer", "sglang", "mooncake.engine"],
         "env": ["FLASHINFER_DISABLE_JIT=1"],
         "require": [f"/{SITE_PACKAGES}/flashinfer/data/aot"],
         "forbid": [f"/{SITE_PACKAGES}/flashinfer_jit_cache"],
+        "launch_profiles": ["*"],
     },
 }
 
@@ -70,6 +84,7 @@ for name in sys.argv[1:]:
 class SmokeReport:
     failures: list[str] = field(default_factory=list)
     passes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def check(self, ok: bool, what: str) -> None:
         (self.passes if ok else self.failures).append(what)
@@ -209,16 +224,15 @@ def with_library_path(env: Sequence[str], directory: str) -> list[str]:
     return out if found else [*out, f"LD_LIBRARY_PATH={directory}"]
 
 
-def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> list[dict[str, object]]:
-    """Import modules with the image's python3 in a chroot (private mount ns with /proc)."""
+def run_in_chroot(rootfs: Path, argv: Sequence[str], env: Sequence[str], network: bool = True,
+                  timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """argv (image paths) in a chroot of rootfs with only `env`: a private mount namespace with
+    /proc, and without network (its own network namespace, loopback down) unless `network`."""
     if os.geteuid() != 0:
         raise UserError("image_smoke: chroot needs root; run as root (CI runs tests as root)")
-    script = rootfs / "tmp" / "kimi-k3-smoke.py"
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(_IMPORT_SCRIPT)
     (rootfs / "proc").mkdir(exist_ok=True)
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-    inner = [chroot, str(rootfs), "/usr/bin/python3", "/tmp/kimi-k3-smoke.py", *modules]
+    inner = [chroot, str(rootfs), *argv]
     unshare = shutil.which("unshare")
     if unshare:
         # A private mount namespace: /proc is mounted for torch & co and vanishes with the process.
@@ -227,15 +241,27 @@ def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> lis
         # rootfs private in the new namespace gives the same isolation in both cases.
         mount = shutil.which("mount") or "/usr/bin/mount"
         findmnt = shutil.which("findmnt") or "/usr/bin/findmnt"
-        cmd = [unshare, "--mount", "--propagation", "unchanged", "--", "/bin/sh", "-c",
+        cmd = [unshare, "--mount", *([] if network else ["--net"]), "--propagation", "unchanged", "--",
+               "/bin/sh", "-c",
                f'{mount} --make-rprivate "$({findmnt} -n -o TARGET -T "$0")" && '
                f'{mount} -t proc proc "$0/proc" && exec "$@"', str(rootfs), *inner]
+    elif not network:
+        raise UserError("unshare: not on PATH; the profile check runs without network in its own namespace: "
+                        "install util-linux")
     else:
         cmd = inner
     environment = dict(e.split("=", 1) for e in env)
     environment.setdefault("HOME", "/root")
-    proc = subprocess.run(cmd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=900)
+    return subprocess.run(cmd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> list[dict[str, object]]:
+    """Import modules with the image's python3 in a chroot (private mount ns with /proc)."""
+    script = rootfs / "tmp" / "kimi-k3-smoke.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(_IMPORT_SCRIPT)
+    proc = run_in_chroot(rootfs, ["/usr/bin/python3", "/tmp/kimi-k3-smoke.py", *modules], env)
     results = []
     for line in proc.stdout.splitlines():
         parts = line.split("\t", 3)
@@ -248,9 +274,57 @@ def run_imports(rootfs: Path, modules: Sequence[str], env: Sequence[str]) -> lis
     return results
 
 
+# Where the profile check works inside the unpacked image (removed afterwards).
+PROFILE_CHECK_DIR = "/tmp/kimi-k3-profile-check"
+# Serving runs on GPUs without network access to model hubs; the check has no network at all, and
+# these make Hugging Face code fail at once instead of retrying.
+PROFILE_CHECK_ENV = ("CUDA_VISIBLE_DEVICES=", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+
+
+def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str] = (),
+                          profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
+                          needs: Path = profiles.DEFAULT_NEEDS) -> list[profiles.Verdict]:
+    """Check launch profiles (all, or `names`) against the unpacked image at rootfs: the ones it
+    ships, or those of profiles_dir (host) run through the image's entrypoint and SGLang."""
+    shipped = inside(rootfs, profiles.PROFILES_IMAGE_PATH)
+    if profiles_dir is None and not shipped.is_dir():
+        raise UserError(f"the image ships no launch profiles ({profiles.PROFILES_IMAGE_PATH}); rebuild it, or pass "
+                        "--launch-profiles-dir image/profiles")
+    chosen = profiles.select_profiles(profiles.load_profiles(profiles_dir or shipped), [n for n in names if n != "*"])
+    table = profiles.load_needs(needs)
+    cache = (profiles.kernel_cache_of_plan(kernel_cache_plan) if kernel_cache_plan
+             else profiles.kernel_cache_of_image(inside(rootfs, "/" + SITE_PACKAGES)))
+    work = inside(rootfs, PROFILE_CHECK_DIR)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        shutil.copyfile(profile_probe.__file__, work / "profile_probe.py")
+        image_profiles = profiles.PROFILES_IMAGE_PATH
+        if profiles_dir is not None:
+            (work / "profiles").mkdir()
+            for p in chosen:
+                shutil.copyfile(p.path, work / "profiles" / p.path.name)
+            image_profiles = f"{PROFILE_CHECK_DIR}/profiles"
+        request = profiles.probe_request(chosen, table, cache, profiles.ENTRYPOINT_IMAGE_PATH, image_profiles,
+                                         f"{PROFILE_CHECK_DIR}/checkpoints")
+        (work / "request.json").write_text(json.dumps(request))
+        proc = run_in_chroot(rootfs, ["/usr/bin/python3", f"{PROFILE_CHECK_DIR}/profile_probe.py",
+                                      f"{PROFILE_CHECK_DIR}/request.json"],
+                             [*env, *PROFILE_CHECK_ENV], network=False, timeout=1800)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results, features, sglang = profiles.parse_probe_output(proc.stdout)
+    if not results:
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise UserError(f"the profile probe did not run in {rootfs} (exit {proc.returncode}): {tail}; "
+                        "does the image have /usr/bin/python3 and SGLang?")
+    return profiles.judge(chosen, results, features, cache, table, sglang)
+
+
 def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequence[Path], require: Sequence[str],
           forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False,
-          driver_stub: bool = False) -> SmokeReport:
+          driver_stub: bool = False, launch_profiles: Sequence[str] = (),
+          launch_profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None) -> SmokeReport:
     report = SmokeReport()
     bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
     try:
@@ -276,6 +350,11 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
                     detail += (" (no NVIDIA driver here; GPU hosts get it from the container runtime;"
                                " --driver-stub checks the import with a stand-in)")
                 report.check(bool(r["ok"]), f"import {r['module']}: {detail}{note if r['ok'] else ''}")
+        if launch_profiles or launch_profiles_dir:
+            for verdict in check_launch_profiles(rootfs, [*image_env(layout), *extra_env], launch_profiles,
+                                                 launch_profiles_dir, kernel_cache_plan):
+                report.check(verdict.ok, verdict.line)
+                report.notes += [f"{verdict.profile}: {d}" for d in verdict.details]
     finally:
         if keep:
             print(f"rootfs kept at {bundle / 'rootfs'}", file=sys.stderr)
@@ -297,6 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep-rootfs", action="store_true")
     p.add_argument("--driver-stub", action="store_true",
                    help="hosts without the NVIDIA driver: a stand-in libcuda.so.1 for the imports")
+    p.add_argument("--launch-profile", action="append", default=[], metavar="NAME",
+                   help="check this launch profile against the image (--profile kimi-k3: all it ships)")
+    p.add_argument("--launch-profiles-dir", type=Path,
+                   help="check these profile files (e.g. image/profiles) instead of the image's own")
+    p.add_argument("--kernel-cache-plan", type=Path,
+                   help="the image has no kernel-cache layer: take its modules from this plan")
     args = p.parse_args(argv)
     prof = PROFILES.get(args.profile or "", {})
     for e in args.env:
@@ -305,9 +390,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = smoke(args.layout, args.workdir, [*prof.get("imports", []), *args.imports], args.manifest,
                    [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
-                   [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub)
+                   [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub,
+                   [*prof.get("launch_profiles", []), *args.launch_profile], args.launch_profiles_dir,
+                   args.kernel_cache_plan)
     for line in report.passes:
         print(f"ok   {line}")
+    for line in report.notes:
+        print(f"     {line}")
     for line in report.failures:
         print(f"FAIL {line}")
     print(f"{len(report.passes)} passed, {len(report.failures)} failed")

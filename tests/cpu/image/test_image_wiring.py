@@ -3,9 +3,9 @@ builds them for the selected stack, without building the GB-sized layers.
 
 Env (set by tests/cpu/image/BUILD.bazel from the //image targets and image/constants.bzl): KIMI_IMAGE_SBOM (the SBOM), KIMI_DEBIAN_LOCK (the Debian lock), KIMI_GATE_MANIFESTS
 (space-separated gate manifests), KIMI_LAYER_ENTRYPOINT / KIMI_LAYER_KERNEL_CACHE / KIMI_LAYER_SBOM
-(layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py); the BUILD file's constants
-KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_SBOM_IMAGE_PATH, KIMI_IMAGE_CUDA_ARCH. An
-unset variable fails the test.
+(layer blobs), KIMI_ENTRYPOINT_SRC (image/entrypoint.py), KIMI_PROFILES (image/profiles/*.json);
+the BUILD file's constants KIMI_SOURCE_DATE_EPOCH, KIMI_ENTRYPOINT_IMAGE_PATH, KIMI_PROFILES_IMAGE_PATH,
+KIMI_SBOM_IMAGE_PATH, KIMI_IMAGE_CUDA_ARCH. An unset variable fails the test.
 """
 from __future__ import annotations
 
@@ -74,10 +74,20 @@ def test_sbom_layer_ships_the_sbom() -> None:
     assert data == env_path("KIMI_IMAGE_SBOM").read_bytes()
 
 
-def test_entrypoint_layer_is_executable_guard() -> None:
-    member, data = layer_members("KIMI_LAYER_ENTRYPOINT")["usr/local/bin/kimi-k3-entrypoint"]
+def profile_files() -> list[Path]:
+    return [Path(p) for p in str(env_path("KIMI_PROFILES")).split()]
+
+
+def test_entrypoint_layer_is_executable_guard_with_the_launch_profiles() -> None:
+    members = layer_members("KIMI_LAYER_ENTRYPOINT")
+    member, data = members["usr/local/bin/kimi-k3-entrypoint"]
     assert member.mode == 0o755 and member.uid == 0 and member.gid == 0
     assert data == env_path("KIMI_ENTRYPOINT_SRC").read_bytes()
+    shipped = env_value("KIMI_PROFILES_IMAGE_PATH").lstrip("/")
+    assert len(profile_files()) >= 3
+    for src in profile_files():
+        member, data = members[f"{shipped}/{src.name}"]
+        assert member.mode == 0o644 and data == src.read_bytes()
 
 
 def test_kernel_cache_layer_targets_flashinfer_aot_dir() -> None:
@@ -109,29 +119,43 @@ def test_layer_descriptors_name_their_blobs() -> None:
         assert desc["digest"] == "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("layer_var,name,src_var,image_path_var,mode", [
-    ("KIMI_LAYER_ENTRYPOINT", "entrypoint", "KIMI_ENTRYPOINT_SRC", "KIMI_ENTRYPOINT_IMAGE_PATH", ":755"),
-    ("KIMI_LAYER_SBOM", "sbom", "KIMI_IMAGE_SBOM", "KIMI_SBOM_IMAGE_PATH", ""),
+def entrypoint_layer_inputs() -> list[tuple[Path, str]]:
+    """(source, IMAGE_PATH[:MODE]) of each file of //image:layer_entrypoint."""
+    shipped = env_value("KIMI_PROFILES_IMAGE_PATH")
+    return [(env_path("KIMI_ENTRYPOINT_SRC"), env_value("KIMI_ENTRYPOINT_IMAGE_PATH") + ":755"),
+            *((p, f"{shipped}/{p.name}") for p in profile_files())]
+
+
+def sbom_layer_inputs() -> list[tuple[Path, str]]:
+    return [(env_path("KIMI_IMAGE_SBOM"), env_value("KIMI_SBOM_IMAGE_PATH"))]
+
+
+@pytest.mark.parametrize("layer_var,name,inputs", [
+    ("KIMI_LAYER_ENTRYPOINT", "entrypoint", entrypoint_layer_inputs),
+    ("KIMI_LAYER_SBOM", "sbom", sbom_layer_inputs),
 ])
 def test_small_layers_rebuild_byte_identical_from_their_inputs(tmp_path: Path, layer_var: str, name: str,
-                                                              src_var: str, image_path_var: str, mode: str) -> None:
+                                                              inputs) -> None:
     """Rebuild the layer from its declared inputs, twice, from copies at other paths with other
     host modes (the same execute bit: a file's only mode bit a layer keeps) and mtimes: each
     rebuild must equal Bazel's blob byte for byte."""
     bazel_blob = layer_blob(layer_var).read_bytes()
-    executable = os.stat(env_path(src_var)).st_mode & 0o111 != 0
-    variants = [(0o700 if executable else 0o600, 1), (0o775 if executable else 0o664, 2_000_000_000)]
-    for i, (file_mode, mtime) in enumerate(variants):
+    for i, mtime in enumerate((1, 2_000_000_000)):
         work = tmp_path / f"rebuild-{i}" / ("deeper/" * i)
-        src = work / "in" / f"input-{i}"
-        src.parent.mkdir(parents=True)
-        shutil.copyfile(env_path(src_var), src)
-        os.chmod(src, file_mode)
-        os.utime(src, (mtime, mtime))
+        (work / "in").mkdir(parents=True)
+        file_args = []
+        for j, (source, image_path) in enumerate(inputs()):
+            executable = os.stat(source).st_mode & 0o111 != 0
+            file_mode = (0o700 if executable else 0o600) if i == 0 else (0o775 if executable else 0o664)
+            src = work / "in" / f"input-{i}-{j}"
+            shutil.copyfile(source, src)
+            os.chmod(src, file_mode)
+            os.utime(src, (mtime, mtime))
+            path, _, mode = image_path.partition(":")
+            file_args += ["--file", f"{path}={src}" + (f":{mode}" if mode else "")]
         out = work / "out"
         assert oci_layer.main(["--name", name, "--out", str(out / "l.tar.gz"), "--descriptor", str(out / "l.json"),
-                               "--file", f"{env_value(image_path_var)}={src}{mode}",
-                               "--source-date-epoch", env_value("KIMI_SOURCE_DATE_EPOCH")]) == 0
+                               *file_args, "--source-date-epoch", env_value("KIMI_SOURCE_DATE_EPOCH")]) == 0
         rebuilt = (out / "l.tar.gz").read_bytes()
         if rebuilt != bazel_blob:  # no pytest diff of two blobs: it takes minutes
             at = next((j for j, (a, b) in enumerate(zip(rebuilt, bazel_blob)) if a != b), min(len(rebuilt), len(bazel_blob)))

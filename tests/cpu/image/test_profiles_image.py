@@ -1,0 +1,158 @@
+"""The launch profiles against a real image: its SGLang, its entrypoint, its profiles (tag cpu).
+
+Bazel passes (tests/cpu/image/BUILD.bazel, :profiles_check and :profiles_check_pypi):
+KIMI_PROFILES_IMAGE (the OCI layout //image:image_without_kernel_cache of the stack),
+KIMI_PROFILES_PLAN (the checked-in plan of that image's kernel cache, //kernel_cache:selected_plan)
+and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the patch gate). The layout is
+unpacked once (umoci, as the smoke test does); every check then runs the image's python3 in a
+chroot without network (tools/image/smoke.py check_launch_profiles). Needs root.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from tests.cpu.conftest import env_path
+
+from tools.image import profiles
+from tools.image import smoke
+from tools.image.layer import SITE_PACKAGES
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
+
+
+def single(var: str) -> Path:
+    """The one path of a `$(rootpaths ...)` variable."""
+    paths = str(env_path(var)).split()
+    assert len(paths) == 1, f"{var}: expected one path, got {paths}"
+    return Path(paths[0])
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
+    if os.geteuid() != 0:
+        pytest.fail("the profile check runs the image in a chroot: it needs root (CI runs tests as root)")
+    layout = single("KIMI_PROFILES_IMAGE")
+    bundle = tmp_path_factory.mktemp("image") / "bundle"
+    rootfs = smoke.unpack(layout, bundle)
+    yield rootfs, smoke.image_env(layout)
+    # About 10 GB in 80,000 files: rm is several times faster than shutil.rmtree here.
+    subprocess.run(["rm", "-rf", "--one-file-system", str(bundle)], check=False)
+
+
+def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Path | None = None
+          ) -> dict[str, profiles.Verdict]:
+    rootfs, env = image
+    verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"))
+    for v in verdicts:
+        print("ok  " if v.ok else "FAIL", v.line, *(f"\n      {d}" for d in v.details))
+    return {v.profile: v for v in verdicts}
+
+
+def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]]) -> None:
+    rootfs, _ = image
+    shipped = smoke.inside(rootfs, profiles.PROFILES_IMAGE_PATH)
+    assert sorted(p.name for p in shipped.iterdir()) == [f"{n}.json" for n in SHIPPED]
+    for name in SHIPPED:
+        assert (shipped / f"{name}.json").read_bytes() == (profiles.DEFAULT_PROFILES_DIR / f"{name}.json").read_bytes()
+    verdicts = check(image)
+    assert sorted(verdicts) == SHIPPED
+    failed = [v.line for v in verdicts.values() if not v.ok]
+    assert not failed, "\n".join(failed)
+    for name, v in verdicts.items():
+        # What was checked is in the line: SGLang ran its resolution, the guard, the modules the
+        # MXFP4 backend needs, the SiTU probe.
+        assert "resolution steps" in v.line and "guard accepts" in v.line
+        assert "fused_moe_120" in v.line and "mxfp8_quantization_sm100" in v.line and "situ-mxfp4-cutlass" in v.line
+        # No step may be skipped for a reason the check does not know.
+        assert all(d.startswith(("skipped ", "stopped ")) for d in v.details), v.details
+        reasons = " ".join(v.details)
+        assert "reads the checkpoint's" in reasons, "the steps that need the checkpoint are reported as skipped"
+
+
+def mutate(src: str, dest: Path, name: str, args: dict[str, str] = {}, add: list[str] = (),
+           env: dict[str, str] = {}) -> None:
+    data = json.loads((profiles.DEFAULT_PROFILES_DIR / f"{src}.json").read_text())
+    data["args"] = [args.get(a, a) for a in data["args"]] + list(add)
+    data["env"].update(env)
+    (dest / f"{name}.json").write_text(json.dumps(data))
+
+
+# mutated profile -> (source profile, mutation, what the one-line error must name)
+MUTATIONS = {
+    "unknown-flag": ("kimi-k3-tp32ep32", {"args": {"--moe-runner-backend": "--moe-runner-backnd"}},
+                     ["SGLang", "rejects its arguments", "unrecognized arguments: --moe-runner-backnd"]),
+    "bad-choice": ("kimi-k3-tp32ep32", {"args": {"bf16": "bf17"}},
+                   ["argument --kv-cache-dtype: invalid choice: 'bf17'"]),
+    "bad-int": ("kimi-k3-tp32ep32", {"args": {"8192": "8k"}},
+                ["argument --chunked-prefill-size: invalid int value: '8k'"]),
+    "resolution-rejects": ("kimi-k3-pd-decode", {"add": ["--disaggregation-decode-host-receive-threshold", "2"]},
+                           ["resolution rejects it in step handle_pd_disaggregation",
+                            "--disaggregation-decode-host-receive-threshold must be between 0 and 1"]),
+    "check-rejects": ("kimi-k3-tp32ep32", {"args": {"4": "3"}},
+                      ["check_server_args rejects it", "tp_size must be divisible by number of nodes"]),
+    "guard-refuses": ("kimi-k3-pd-prefill", {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+                      ["entrypoint guard refuses it", "PYTORCH_CUDA_ALLOC_CONF", "kvcache-ai/Mooncake#2511"]),
+    "module-missing": ("kimi-k3-tp32ep32", {"add": ["--attention-backend", "flashinfer"]},
+                       ["--attention-backend flashinfer needs FlashInfer module batch_mla_attention",
+                        "which the image's kernel cache", "lacks"]),
+}
+
+
+def test_mutated_profiles_fail_naming_the_profile_and_the_argument(image: tuple[Path, list[str]],
+                                                                   tmp_path: Path) -> None:
+    for name, (src, mutation, _) in MUTATIONS.items():
+        mutate(src, tmp_path, f"kimi-k3-{name}", **mutation)
+    shutil.copyfile(profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json", tmp_path / "kimi-k3-tp32ep32.json")
+    verdicts = check(image, profiles_dir=tmp_path)
+    assert verdicts["kimi-k3-tp32ep32"].ok, "the unmutated profile in the same run passes"
+    for name, (_, _, expected) in MUTATIONS.items():
+        v = verdicts[f"kimi-k3-{name}"]
+        assert not v.ok, f"{name}: {v.line}"
+        assert v.line.startswith(f"profile kimi-k3-{name} (kimi-k3-{name}.json): ")
+        assert "\n" not in v.line
+        for part in expected:
+            assert part in v.line, f"{name}: {part!r} not in {v.line!r}"
+
+
+@pytest.fixture
+def sglang_without_situ(image: tuple[Path, list[str]]) -> Iterator[list[str]]:
+    """The image's SGLang with the files the gate patched put back to the wheel's (an image
+    without the SiTU patch), restored afterwards."""
+    rootfs, _ = image
+    site = smoke.inside(rootfs, "/" + SITE_PACKAGES)
+    manifest = json.loads(smoke.inside(rootfs, "/usr/share/kimi-k3/patch-gate/sglang.manifest.json").read_text())
+    changed = [f["path"] for f in manifest["changed_files"]]
+    assert "sglang/srt/layers/moe/moe_runner/flashinfer_cutlass.py" in changed
+    saved = {p: (site / p).read_bytes() for p in changed}
+    with zipfile.ZipFile(single("KIMI_PROFILES_SGLANG_WHEEL")) as wheel:
+        for p in changed:
+            (site / p).write_bytes(wheel.read(p))
+    try:
+        yield changed
+    finally:
+        for p, data in saved.items():
+            (site / p).write_bytes(data)
+
+
+def test_mxfp4_backend_on_an_image_without_the_situ_patch(image: tuple[Path, list[str]],
+                                                          sglang_without_situ: list[str]) -> None:
+    verdicts = check(image)
+    for name in SHIPPED:
+        v = verdicts[name]
+        assert not v.ok
+        assert v.line.startswith(f"profile {name} ({name}.json): --moe-runner-backend flashinfer_mxfp4 needs "
+                                 "situ-mxfp4-cutlass: the image's SGLang MXFP4 CUTLASS runner has no SiTU path"), v.line
+        assert "sglang_patches 0001" in v.line
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

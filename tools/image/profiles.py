@@ -1,0 +1,408 @@
+"""Launch profiles (image/profiles/NAME.json) and their check against an image.
+
+Usage:
+    python3 -m tools.image.profiles validate [--profiles-dir image/profiles] [--needs image/backend_needs.json]
+        Schema of every profile (no image needed): placeholders declared and used, the checkpoint
+        facts, the kernel selection; the needs table's features are ones the probe knows.
+    python3 -m tools.image.profiles show NAME [--profiles-dir image/profiles]
+        The command `kimi-k3-entrypoint --print-profile NAME` prints, with the placeholders'
+        example values (the image's own entrypoint code resolves it).
+
+The check itself runs through the smoke test (`python3 -m tools.image.smoke --layout L --profile
+kimi-k3`, or `--launch-profile NAME`): tools/image/profile_probe.py runs inside the unpacked image
+with the image's python3 and SGLang (how, and which SGLang steps it skips: its docstring and the
+README "Launch profiles"); this module builds its request and judges its results:
+- a probe failure (entrypoint, guard, SGLang's parser, a resolution step, check_server_args) is
+  one line naming the profile, the stage and SGLang's message (which names the argument);
+- the profile's needs: its kernel selection must be the image kernel cache's (or `full`); every
+  FlashInfer module that image/backend_needs.json lists for the profile's checkpoint
+  architecture and for the values SGLang resolved (e.g. moe_runner_backend=flashinfer_mxfp4) must
+  be in the cache, with the CUTLASS MoE runners it names compiled in; every feature it lists
+  (e.g. SiTU in the MXFP4 CUTLASS MoE) must pass its probe in the image.
+The kernel cache is the image's (flashinfer/data/aot/kernel_cache.json and its modules' .so
+files), or, for an image assembled without its kernel-cache layer (the CPU suite's), the checked-in
+plan the cache would be built from (--kernel-cache-plan).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tools.common.errors import UserError, run_cli
+from tools.image import profile_probe
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILES_DIR = REPO_ROOT / "image" / "profiles"
+DEFAULT_NEEDS = REPO_ROOT / "image" / "backend_needs.json"
+DEFAULT_ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
+# Image paths, as image/constants.bzl sets them (ENTRYPOINT, PROFILES_DIR; tests/cpu/image checks).
+ENTRYPOINT_IMAGE_PATH = "/usr/local/bin/kimi-k3-entrypoint"
+PROFILES_IMAGE_PATH = "/usr/share/kimi-k3/profiles"
+SCHEMA_VERSION = 1
+PROFILE_KEYS = {"schema_version", "description", "checkpoint", "needs", "placeholders", "env", "args"}
+PLACEHOLDER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+PLACEHOLDER_USE = re.compile(r"\$\{([^}]*)\}")
+AOT_DIR = "flashinfer/data/aot"
+CACHE_JSON = "kernel_cache.json"
+
+
+# ---------------------------------------------------------------- profiles
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    data: Mapping[str, Any]
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(self.data["checkpoint"]["config"]["architectures"])
+
+    @property
+    def kernel_selection(self) -> str:
+        return str(self.data["needs"]["kernel_selection"])
+
+
+def _check_strings(value: Any, what: str, fix: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{what}: expected a non-empty string, got {value!r}; {fix}")
+
+
+def validate_profile(name: str, path: Path, data: Any) -> Profile:
+    """The profile, or a UserError naming the file, the field and the fix."""
+    where = f"profile {path}"
+    fix = "see README 'Launch profiles' for the format"
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{where}: not a launch profile (schema_version {SCHEMA_VERSION}); {fix}")
+    unknown = sorted(set(data) - PROFILE_KEYS)
+    missing = sorted({"description", "checkpoint", "needs", "args"} - set(data))
+    if unknown or missing:
+        raise UserError(f"{where}: unknown keys {unknown}, missing keys {missing}; {fix}")
+    _check_strings(data["description"], f"{where} description", fix)
+    args, env, placeholders = data["args"], data.get("env", {}), data.get("placeholders", {})
+    if not isinstance(args, list) or not args:
+        raise UserError(f"{where} args: expected the SGLang arguments as a list of strings; {fix}")
+    for i, arg in enumerate(args):
+        _check_strings(arg, f"{where} args[{i}]", fix)
+    if not isinstance(env, dict):
+        raise UserError(f"{where} env: expected an object VARIABLE -> value; {fix}")
+    for var, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+            raise UserError(f"{where} env: {var!r} is not an environment variable name; {fix}")
+        _check_strings(value, f"{where} env {var}", fix)
+    if not isinstance(placeholders, dict):
+        raise UserError(f"{where} placeholders: expected an object NAME -> {{description, example}}; {fix}")
+    for key, spec in placeholders.items():
+        if not PLACEHOLDER_NAME.fullmatch(key):
+            raise UserError(f"{where} placeholders: {key!r} is not UPPER_CASE; name site values like MODEL_PATH")
+        if not isinstance(spec, dict) or set(spec) != {"description", "example"}:
+            raise UserError(f"{where} placeholders {key}: expected {{\"description\", \"example\"}}; {fix}")
+        _check_strings(spec["description"], f"{where} placeholders {key} description", fix)
+        _check_strings(spec["example"], f"{where} placeholders {key} example", fix)
+    used = {m.group(1) for text in [*args, *env.values()] for m in PLACEHOLDER_USE.finditer(text)}
+    undeclared, unused = sorted(used - set(placeholders)), sorted(set(placeholders) - used)
+    if undeclared or unused:
+        raise UserError(f"{where}: placeholders used but not declared {undeclared}, declared but not used {unused}; "
+                        "declare each ${NAME} the args or env use under placeholders, and only those")
+    checkpoint = data["checkpoint"]
+    if not isinstance(checkpoint, dict) or set(checkpoint) != {"placeholder", "config"}:
+        raise UserError(f"{where} checkpoint: expected {{\"placeholder\", \"config\"}}; {fix}")
+    if checkpoint["placeholder"] not in placeholders:
+        raise UserError(f"{where} checkpoint placeholder {checkpoint['placeholder']!r}: not one of the placeholders; "
+                        "name the placeholder of the checkpoint directory (e.g. MODEL_PATH)")
+    config = checkpoint["config"]
+    if (not isinstance(config, dict) or set(config) != {"architectures", "model_type"}
+            or not isinstance(config["architectures"], list) or not config["architectures"]):
+        raise UserError(f"{where} checkpoint config: expected exactly {{\"architectures\": [...], \"model_type\": ...}} "
+                        "(the only checkpoint facts the check may assume)")
+    for arch in config["architectures"]:
+        _check_strings(arch, f"{where} checkpoint config architectures", fix)
+    _check_strings(config["model_type"], f"{where} checkpoint config model_type", fix)
+    needs = data["needs"]
+    if not isinstance(needs, dict) or set(needs) != {"kernel_selection"}:
+        raise UserError(f"{where} needs: expected {{\"kernel_selection\": NAME}} (kernel_cache/selections.json); {fix}")
+    _check_strings(needs["kernel_selection"], f"{where} needs kernel_selection", fix)
+    return Profile(name, path, data)
+
+
+def load_profiles(profiles_dir: Path) -> dict[str, Profile]:
+    """Every NAME.json of profiles_dir, validated."""
+    if not profiles_dir.is_dir():
+        raise UserError(f"--profiles-dir {profiles_dir}: not a directory; pass image/profiles or a copy of it")
+    profiles = {}
+    for path in sorted(profiles_dir.glob("*.json")):
+        name = path.name[:-len(".json")]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name):
+            raise UserError(f"profile {path}: name the file NAME.json with NAME of lower-case letters, digits, '-', '.'")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"profile {path}: not readable JSON ({e}); fix the file") from None
+        profiles[name] = validate_profile(name, path, data)
+    if not profiles:
+        raise UserError(f"--profiles-dir {profiles_dir}: no NAME.json profiles in it")
+    return profiles
+
+
+def select_profiles(profiles: Mapping[str, Profile], names: Sequence[str]) -> list[Profile]:
+    unknown = [n for n in names if n not in profiles]
+    if unknown:
+        raise UserError(f"--launch-profile {', '.join(unknown)}: no such profile; known: {', '.join(sorted(profiles))}")
+    return [profiles[n] for n in (names or sorted(profiles))]
+
+
+# ---------------------------------------------------------------- what settings need
+
+@dataclass(frozen=True)
+class Need:
+    """What one profile setting (or its checkpoint architecture) needs from the image."""
+
+    because: str  # e.g. "--moe-runner-backend flashinfer_mxfp4", "checkpoint KimiK3ForConditionalGeneration"
+    modules: Mapping[str, tuple[str, ...]]  # module -> CUTLASS MoE runners it must have compiled in
+    features: tuple[str, ...]
+
+
+def load_needs(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--needs {path}: not readable JSON ({e}); pass image/backend_needs.json") from None
+    if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
+        raise UserError(f"--needs {path}: not a needs table (schema_version 1, arch, architectures, settings)")
+    entries = [(f"architectures.{a}", e) for a, e in data.get("architectures", {}).items()]
+    entries += [(f"settings.{s}.{v}", e) for s, table in data["settings"].items() for v, e in table.items()]
+    for where, entry in entries:
+        if not isinstance(entry, dict) or not set(entry) <= {"modules", "features", "why"} or "why" not in entry:
+            raise UserError(f"--needs {path} {where}: expected {{modules, features, why}}")
+        for feature in entry.get("features", []):
+            if feature not in profile_probe.FEATURES:
+                raise UserError(f"--needs {path} {where}: feature {feature!r} has no probe; known: "
+                                f"{', '.join(sorted(profile_probe.FEATURES))} (tools/image/profile_probe.py FEATURES)")
+    return data
+
+
+def _need(because: str, entry: Mapping[str, Any]) -> Need:
+    modules = {m: tuple(spec.get("runners", ())) for m, spec in entry.get("modules", {}).items()}
+    return Need(because, modules, tuple(entry.get("features", ())))
+
+
+def needs_of(profile: Profile, values: Mapping[str, Any], flags: Mapping[str, str],
+             table: Mapping[str, Any]) -> list[Need]:
+    """The needs of a checked profile: its checkpoint architecture's and those of each setting
+    whose resolved value the table lists."""
+    out = [_need(f"checkpoint {arch}", table["architectures"][arch])
+           for arch in profile.architectures if arch in table.get("architectures", {})]
+    for setting, by_value in table["settings"].items():
+        value = values.get(setting)
+        if value is not None and str(value) in by_value:
+            out.append(_need(f"{flags.get(setting, setting)} {value}", by_value[str(value)]))
+    return out
+
+
+def features_needed(table: Mapping[str, Any]) -> list[str]:
+    entries = [*table.get("architectures", {}).values(), *(e for t in table["settings"].values() for e in t.values())]
+    return sorted({f for e in entries for f in e.get("features", ())})
+
+
+# ---------------------------------------------------------------- the image's kernel cache
+
+@dataclass(frozen=True)
+class KernelCache:
+    """What a kernel cache holds: arch, selection ("full" when none is recorded), and per module
+    the CUTLASS MoE runners its selection compiled in (None: the whole module)."""
+
+    source: str
+    arch: str
+    selection: str
+    modules: Mapping[str, tuple[str, ...] | None]
+
+    def describe(self) -> str:
+        return f"selection {self.selection}, arch {self.arch}, {len(self.modules)} modules, from {self.source}"
+
+
+def _runners(entry: Mapping[str, Any]) -> tuple[str, ...] | None:
+    selection = entry.get("kernel_selection")
+    return tuple(selection["runners"]) if isinstance(selection, dict) else None
+
+
+def kernel_cache_of_image(rootfs_site_packages: Path) -> KernelCache:
+    """The image's cache from its kernel_cache.json; a module whose .so is absent is not in it."""
+    aot = rootfs_site_packages / AOT_DIR
+    path = aot / CACHE_JSON
+    try:
+        data = json.loads(path.read_text())
+        modules = {name: (entry, aot / entry["path"]) for name, entry in data["modules"].items()}
+        arch = str(data["arch_list"])
+    except FileNotFoundError:
+        raise UserError(f"the image has no {AOT_DIR}/{CACHE_JSON}: it carries no kernel cache; for an image "
+                        "assembled without its kernel-cache layer pass --kernel-cache-plan PLAN") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"the image's {AOT_DIR}/{CACHE_JSON} is unreadable ({type(e).__name__}: {e}); "
+                        "rebuild the kernel cache") from None
+    return KernelCache(f"the image's {AOT_DIR}/{CACHE_JSON}", arch, str(data.get("selection", "full")),
+                       {name: _runners(entry) for name, (entry, so) in modules.items() if so.is_file()})
+
+
+def kernel_cache_of_plan(plan_path: Path) -> KernelCache:
+    """The cache a checked-in plan builds (the image under test carries no kernel-cache layer)."""
+    from tools.kernel_cache.plan import read_plan
+
+    plan = read_plan(plan_path)
+    return KernelCache(f"plan {plan_path.name} (the image under test has no kernel-cache layer)", str(plan["arch"]),
+                       str(plan.get("selection", "full")), {m["name"]: _runners(m) for m in plan["modules"]})
+
+
+def capability_of(arch: str) -> tuple[int, int]:
+    """(12, 0) for "12.0f": the GPU the kernel cache (and so the image) is built for."""
+    match = re.fullmatch(r"(\d+)\.(\d+)[af]?", arch.split(";")[0].strip())
+    if not match:
+        raise UserError(f"kernel cache arch {arch!r}: not a CUDA arch like 12.0f; rebuild the kernel cache")
+    return int(match.group(1)), int(match.group(2))
+
+
+# ---------------------------------------------------------------- verdicts
+
+@dataclass
+class Verdict:
+    profile: str
+    ok: bool
+    line: str
+    details: list[str] = field(default_factory=list)
+
+
+def _check_needs(profile: Profile, needs: Sequence[Need], cache: KernelCache,
+                 features: Mapping[str, str | None]) -> list[str]:
+    problems = []
+    if cache.selection not in (profile.kernel_selection, "full"):
+        problems.append(f"needs kernel selection {profile.kernel_selection}, the image's kernel cache is "
+                        f"{cache.describe()}; build the image with --//kernel_cache:selection={profile.kernel_selection}")
+    for need in needs:
+        for module, runners in need.modules.items():
+            if module not in cache.modules:
+                problems.append(f"{need.because} needs FlashInfer module {module}, which the image's kernel cache "
+                                f"({cache.describe()}) lacks; add it to kernel_cache/modules.json "
+                                "(kernel_cache/README.md 'How to extend it') and rebuild the cache")
+                continue
+            compiled = cache.modules[module]
+            missing = [r for r in runners if compiled is not None and r not in compiled]
+            if missing:
+                problems.append(f"{need.because} needs {module} with {', '.join(missing)}, which kernel selection "
+                                f"{cache.selection} leaves out; add it to kernel_cache/selections.json or build "
+                                f"with --//kernel_cache:selection={profile.kernel_selection}")
+        for feature in need.features:
+            why_not = features.get(feature, f"feature {feature} was not probed")
+            if why_not:
+                problems.append(f"{need.because} needs {feature}: {why_not}")
+    return problems
+
+
+def judge(profiles: Sequence[Profile], results: Mapping[str, Mapping[str, Any]], features: Mapping[str, str | None],
+          cache: KernelCache, table: Mapping[str, Any], sglang: str) -> list[Verdict]:
+    """One verdict per profile: its first problem as one line, or what was checked."""
+    stages = {"profile": "the image's entrypoint cannot resolve it",
+              "guard": "the image's entrypoint guard refuses it",
+              "parse": f"SGLang {sglang} rejects its arguments",
+              "resolve": f"SGLang {sglang} resolution rejects it",
+              "check": f"SGLang {sglang} check_server_args rejects it",
+              "probe": "the check itself failed"}
+    verdicts = []
+    for profile in profiles:
+        r = results.get(profile.name)
+        head = f"profile {profile.name} ({profile.path.name})"
+        if r is None:
+            verdicts.append(Verdict(profile.name, False, f"{head}: the probe returned no result; see its output above"))
+            continue
+        if not r.get("ok"):
+            step = f" in step {r['step']}" if r.get("step") else ""
+            verdicts.append(Verdict(profile.name, False, f"{head}: {stages.get(r.get('stage'), r.get('stage'))}{step}: "
+                                                         f"{r.get('error')}"))
+            continue
+        needs = needs_of(profile, r.get("values", {}), r.get("flags", {}), table)
+        problems = _check_needs(profile, needs, cache, features)
+        if problems:
+            verdicts.append(Verdict(profile.name, False, f"{head}: {problems[0]}", problems[1:]))
+            continue
+        modules = sorted({m for n in needs for m in n.modules})
+        feats = sorted({f for n in needs for f in n.features})
+        skipped = r.get("skipped", [])
+        details = [f"skipped {step}: {why}" for step, why in skipped]
+        if r.get("stopped"):
+            details.append(f"stopped at {r['stopped'][0]} ({r['stopped'][1]}); not reached: {', '.join(r['not_reached'])}")
+        verdicts.append(Verdict(profile.name, True,
+                                f"{head}: SGLang {sglang} parsed {len(r.get('args', []))} arguments, ran "
+                                f"{len(r.get('ran', []))} resolution steps (+ check_server_args), skipped "
+                                f"{len(skipped)}; guard accepts; kernel cache has {', '.join(modules) or 'nothing needed'}"
+                                f"{'; ' + ', '.join(feats) if feats else ''}", details))
+    return verdicts
+
+
+def probe_request(profiles: Sequence[Profile], table: Mapping[str, Any], cache: KernelCache, entrypoint: str,
+                  profiles_dir: str, checkpoints_dir: str) -> dict[str, Any]:
+    if table.get("arch") != cache.arch:
+        raise UserError(f"image/backend_needs.json is for arch {table.get('arch')!r}, the image's kernel cache for "
+                        f"{cache.arch!r}; check the image its needs table was written for")
+    return {"entrypoint": entrypoint, "profiles_dir": profiles_dir, "profiles": [p.name for p in profiles],
+            "checkpoints_dir": checkpoints_dir, "gpu_capability": list(capability_of(cache.arch)),
+            "settings": sorted(table["settings"]), "features": features_needed(table)}
+
+
+def parse_probe_output(stdout: str) -> tuple[dict[str, dict[str, Any]], dict[str, str | None], str]:
+    """Probe lines -> (results by profile, feature -> why not (None: present), SGLang version)."""
+    results, features, sglang = {}, {}, "?"
+    for line in stdout.splitlines():
+        mark, _, payload = line.partition("\t")
+        if mark != profile_probe.MARK:
+            continue
+        record = json.loads(payload)
+        if "sglang" in record:
+            sglang = str(record["sglang"])
+        elif "feature" in record:
+            features[record["feature"]] = record.get("why_not") or (
+                f"its probe failed: {record['error']}" if record.get("error") else None)
+        else:
+            results[record["profile"]] = record
+    return results, features, sglang
+
+
+# ---------------------------------------------------------------- CLI (no image)
+
+def load_entrypoint(path: Path = DEFAULT_ENTRYPOINT) -> Any:
+    """image/entrypoint.py as a module: the one implementation of profile resolution."""
+    return profile_probe.load_entrypoint(str(path))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="schema of every profile and of the needs table")
+    v.add_argument("--profiles-dir", type=Path, default=DEFAULT_PROFILES_DIR)
+    v.add_argument("--needs", type=Path, default=DEFAULT_NEEDS)
+    s = sub.add_parser("show", help="the command --print-profile prints, with the example values")
+    s.add_argument("name")
+    s.add_argument("--profiles-dir", type=Path, default=DEFAULT_PROFILES_DIR)
+    args = p.parse_args(argv)
+    profiles = load_profiles(args.profiles_dir)
+    if args.command == "validate":
+        load_needs(args.needs)
+        for name in profiles:
+            print(f"ok   {name}")
+        return 0
+    (profile,) = select_profiles(profiles, [args.name])
+    entrypoint = load_entrypoint()
+    examples = {k: spec["example"] for k, spec in profile.data.get("placeholders", {}).items()}
+    try:
+        cmd_args, env = entrypoint.resolve_profile(profile.name, examples, str(args.profiles_dir))
+    except entrypoint.ProfileError as e:
+        raise UserError(str(e)) from None
+    print(entrypoint.profile_command(cmd_args, env))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
