@@ -1,6 +1,7 @@
 """Check launch profiles with the image's own SGLang; runs inside the unpacked image.
 
-tools/image/profiles.py copies this file into the image's rootfs and runs it in a chroot with the
+tools/image/smoke.py (check_launch_profiles) copies this file into the image's rootfs and runs it
+in a chroot with the
 image's /usr/bin/python3, no GPU (CUDA_VISIBLE_DEVICES empty, no driver) and no network (its own
 network namespace):
 
@@ -22,15 +23,20 @@ into each other), what `kimi-k3-entrypoint --profile NAME` would run:
    wrong type or outside its choices fails here;
 3. `ServerArgs.resolve_once()` runs SGLang's resolution pipeline in its own order, then
    `check_server_args()`, as the launcher does before loading the model. The target machine is
-   described to SGLang through its own interfaces, never by editing its code:
+   described to SGLang through its own interfaces; none of its files is edited (in this
+   process only, os.stat/os.listdir are wrapped to see node-hardware reads, and the SiTU
+   feature probe answers the runner's FlashInfer gate, which asks torch.cuda, as the target's):
    - `override_platform(...)`: a CUDA GPU of the image's compute capability (SM120 for 12.0f);
    - a launcher-stage declaration `device="cuda"` (SGLang would probe torch for it);
-   - every overridable step is wrapped with `register_resolution_hook`; a step that queries the
-     GPU (a call into torch.cuda or NVML: there is none here) or reads a checkpoint value the
-     profile does not declare is rolled back (its declarations, bookkeeping and environment
-     writes undone) and reported as skipped with the reason. Everything else runs as in a launch;
-   - a step SGLang does not let plugins override that needs either stops the pipeline there;
-     the steps not reached are reported.
+   - every overridable step is wrapped with `register_resolution_hook`. A step is cut short and
+     reported as skipped, with the reason, when it reads a checkpoint value the profile does not
+     declare or queries the GPU (a call into torch.cuda or NVML: there is none here), or, unless
+     SGLang rejected a value (ValueError, assertion), when it failed on node hardware it looked
+     at (/sys, /dev/infiniband) or on a None that a skipped step resolves in a launch. What it
+     decided before that stands, as SGLang decided it; the pipeline goes on with the next step;
+   - a step SGLang does not let plugins override that needs the GPU or the checkpoint stops
+     the pipeline there; the steps not reached are reported. check_server_args() runs in any
+     case, on what was resolved.
 4. The checkpoint: the profile declares the facts the check may assume (architectures,
    model_type). The checkpoint placeholder points at a directory whose config.json holds only
    them (for steps that read the config file, e.g. the architecture's environment defaults), and
@@ -138,6 +144,22 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, (ValueError, AssertionError)) else text
 
 
+def pipeline_step(exc: BaseException) -> str:
+    """The step of SGLang's resolution pipeline exc came from: the function its
+    run_resolution_pipeline frame called (through run_post_process_pass), and the innermost
+    resolution function when that is another one."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename.replace("\\", "/"), tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    below = [i for i, (f, _) in enumerate(frames) if f.endswith("/arg_groups/pipeline.py")]
+    called = [n for _, n in frames[below[-1] + 1:] if n not in ("run_post_process_pass", "run_hook")] if below else []
+    step = called[0] if called else "?"
+    inner = innermost_function(exc, "/sglang/srt/arg_groups/")
+    return step if inner in (step, "?") else f"{step} ({inner})"
+
+
 def innermost_function(exc: BaseException, under: str) -> str:
     """The innermost function of exc's traceback whose file is under `under` (a path part)."""
     name = "?"
@@ -158,29 +180,6 @@ class StepLog:
         self.failed_step: str | None = None
 
 
-def _snapshot(server_args: Any) -> tuple[dict[str, Any], int, dict[str, str]]:
-    book = vars(server_args)
-    stash = book.get("_resolved_overrides")
-    return dict(book), len(stash) if isinstance(stash, list) else -1, dict(os.environ)
-
-
-def _restore(server_args: Any, snap: tuple[dict[str, Any], int, dict[str, str]]) -> None:
-    """Undo a skipped step: its declarations (the stash is append-only), the bookkeeping it set,
-    the environment it wrote."""
-    before, stash_len, env = snap
-    book = vars(server_args)
-    stash = book.get("_resolved_overrides")
-    if isinstance(stash, list) and stash_len >= 0:
-        del stash[stash_len:]
-    for key in [k for k in book if k not in before]:
-        del book[key]
-    for key, value in before.items():
-        if key != "_resolved_overrides":
-            book[key] = value
-    os.environ.clear()
-    os.environ.update(env)
-
-
 def install_step_wrappers(log_ref: list[StepLog]) -> list[str]:
     """Wrap every step SGLang lets plugins override; returns their names."""
     from sglang.srt.arg_groups import resolution_hooks
@@ -193,7 +192,6 @@ def install_step_wrappers(log_ref: list[StepLog]) -> list[str]:
     def wrapper_for(name: str) -> Callable[[Any, Callable[[Any], None]], None]:
         def wrapper(server_args: Any, previous: Callable[[Any], None]) -> None:
             log = log_ref[0]
-            snap = _snapshot(server_args)
             NodeReads.paths = []
             try:
                 previous(server_args)
@@ -202,7 +200,6 @@ def install_step_wrappers(log_ref: list[StepLog]) -> list[str]:
                 if reason is None:
                     log.failed_step = log.failed_step or name
                     raise
-                _restore(server_args, snap)
                 log.skipped.append([name, reason])
                 return
             finally:
@@ -338,21 +335,20 @@ def check_profile(request: dict[str, Any], name: str, entrypoint: Any, log_ref: 
                 result["step"] = log.failed_step or innermost_function(exc, "/sglang/srt/")
                 result["error"] = one_line(exc)
                 return result
-            stopped = [innermost_function(exc, "/sglang/srt/arg_groups/"), reason]
-        if stopped is None:
-            result["stage"] = "check"
-            NodeReads.paths = []
-            try:
-                server_args.check_server_args()
-            except Exception as exc:
-                reason = skip_reason(exc, NodeReads.paths, log.skipped)
-                if reason is None:
-                    result["step"] = "check_server_args"
-                    result["error"] = one_line(exc)
-                    return result
-                log.skipped.append(["check_server_args", reason])
-            else:
-                log.ran.append("check_server_args")
+            stopped = [pipeline_step(exc), reason]
+        # As the launcher does after resolution; after a stop, on what was resolved up to there.
+        result["stage"] = "check"
+        NodeReads.paths = []
+        try:
+            server_args.check_server_args()
+        except Exception as exc:
+            reason = skip_reason(exc, NodeReads.paths, [*log.skipped, *([stopped] if stopped else [])])
+            if reason is None:
+                result["error"] = one_line(exc)
+                return result
+            log.skipped.append(["check_server_args", reason])
+        else:
+            log.ran.append("check_server_args")
     result.update(
         ok=True, stage="done", ran=log.ran, skipped=log.skipped, stopped=stopped,
         not_reached=sorted(set(overridable) - set(log.ran) - {s for s, _ in log.skipped}) if stopped else [],

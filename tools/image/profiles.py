@@ -150,10 +150,11 @@ def load_profiles(profiles_dir: Path) -> dict[str, Profile]:
     return profiles
 
 
-def select_profiles(profiles: Mapping[str, Profile], names: Sequence[str]) -> list[Profile]:
+def select_profiles(profiles: Mapping[str, Profile], names: Sequence[str], what: str = "--launch-profile") -> list[Profile]:
+    """The profiles named (all when none is), or a UserError naming `what` was asked for."""
     unknown = [n for n in names if n not in profiles]
     if unknown:
-        raise UserError(f"--launch-profile {', '.join(unknown)}: no such profile; known: {', '.join(sorted(profiles))}")
+        raise UserError(f"{what} {', '.join(unknown)}: no such profile; known: {', '.join(sorted(profiles))}")
     return [profiles[n] for n in (names or sorted(profiles))]
 
 
@@ -331,14 +332,17 @@ def judge(profiles: Sequence[Profile], results: Mapping[str, Mapping[str, Any]],
         modules = sorted({m for n in needs for m in n.modules})
         feats = sorted({f for n in needs for f in n.features})
         skipped = r.get("skipped", [])
+        ran = [s for s in r.get("ran", []) if s != "check_server_args"]
+        checked = " and check_server_args" if "check_server_args" in r.get("ran", []) else ""
         details = [f"skipped {step}: {why}" for step, why in skipped]
         if r.get("stopped"):
             details.append(f"stopped at {r['stopped'][0]} ({r['stopped'][1]}); not reached: {', '.join(r['not_reached'])}")
         verdicts.append(Verdict(profile.name, True,
                                 f"{head}: SGLang {sglang} parsed {len(r.get('args', []))} arguments, ran "
-                                f"{len(r.get('ran', []))} resolution steps (+ check_server_args), skipped "
-                                f"{len(skipped)}; guard accepts; kernel cache has {', '.join(modules) or 'nothing needed'}"
-                                f"{'; ' + ', '.join(feats) if feats else ''}", details))
+                                f"{len(ran)} resolution steps{checked}, skipped {len(skipped)}"
+                                f"{', stopped early' if r.get('stopped') else ''}; guard accepts; kernel cache has "
+                                f"{', '.join(modules) or 'nothing needed'}{'; ' + ', '.join(feats) if feats else ''}",
+                                details))
     return verdicts
 
 
@@ -393,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in profiles:
             print(f"ok   {name}")
         return 0
-    (profile,) = select_profiles(profiles, [args.name])
+    (profile,) = select_profiles(profiles, [args.name], "profile")
     entrypoint = load_entrypoint()
     examples = {k: spec["example"] for k, spec in profile.data.get("placeholders", {}).items()}
     try:

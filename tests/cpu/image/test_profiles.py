@@ -197,7 +197,7 @@ def test_kernel_cache_from_the_plan_and_from_the_image(tmp_path: Path) -> None:
 
 
 def ok_result(name: str, moe: str = "flashinfer_mxfp4", attention: str | None = None) -> dict:
-    return {"profile": name, "ok": True, "stage": "done", "args": ["--x"], "ran": ["a", "b"],
+    return {"profile": name, "ok": True, "stage": "done", "args": ["--x"], "ran": ["a", "b", "check_server_args"],
             "skipped": [["handle_gpu_memory_settings", "reads the checkpoint's model_config.attention_arch"]],
             "stopped": None, "not_reached": [],
             "values": {"moe_runner_backend": moe, "attention_backend": attention, "sampling_backend": "flashinfer"},
@@ -216,9 +216,13 @@ def verdict(result: dict, cache: profiles.KernelCache, features: dict | None = N
 def test_verdicts_name_what_the_image_lacks() -> None:
     cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
     good = verdict(ok_result("kimi-k3-tp32ep32"), cache)
-    assert good.ok and "ran 2 resolution steps" in good.line and "skipped 1" in good.line
+    assert good.ok and "ran 2 resolution steps and check_server_args, skipped 1;" in good.line
     assert "kernel cache has dsv3_fused_routing, fused_moe_120, mxfp8_quantization_sm100, norm, sampling" in good.line
     assert good.details == ["skipped handle_gpu_memory_settings: reads the checkpoint's model_config.attention_arch"]
+    stopped = verdict({**ok_result("kimi-k3-tp32ep32"), "stopped": ["resolve_boundary_reduction", "reads x"],
+                       "not_reached": ["handle_load_format"]}, cache)
+    assert stopped.ok and "skipped 1, stopped early;" in stopped.line
+    assert stopped.details[-1] == "stopped at resolve_boundary_reduction (reads x); not reached: handle_load_format"
 
     no_situ = verdict(ok_result("kimi-k3-tp32ep32"), cache, {"situ-mxfp4-cutlass": "the image's FlashInfer has no CUTLASS SiTU"})
     assert not no_situ.ok and no_situ.line == ("profile kimi-k3-tp32ep32 (kimi-k3-tp32ep32.json): --moe-runner-backend "
@@ -246,6 +250,8 @@ def test_verdicts_name_what_the_image_lacks() -> None:
      "SGLang 0.5.23 resolution rejects it in step handle_pd_disaggregation: bad threshold"),
     ({"ok": False, "stage": "guard", "step": None, "error": "PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True"},
      "the image's entrypoint guard refuses it: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True"),
+    ({"ok": False, "stage": "check", "step": None, "error": "tp_size must be divisible by number of nodes"},
+     "SGLang 0.5.23 check_server_args rejects it: tp_size must be divisible by number of nodes"),
 ])
 def test_probe_failures_are_one_line_naming_the_profile(result: dict, line: str) -> None:
     v = verdict({"profile": "kimi-k3-pd-prefill", **result}, profiles.kernel_cache_of_plan(PYPI_PLAN))

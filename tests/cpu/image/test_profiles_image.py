@@ -52,8 +52,9 @@ def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Pa
           ) -> dict[str, profiles.Verdict]:
     rootfs, env = image
     verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"))
-    for v in verdicts:
-        print("ok  " if v.ok else "FAIL", v.line, *(f"\n      {d}" for d in v.details))
+    report = "".join(f"{'ok  ' if v.ok else 'FAIL'} {v.line}\n" + "".join(f"      {d}\n" for d in v.details)
+                     for v in verdicts)
+    print(report)  # in test.log for passed tests too (-rP below)
     return {v.profile: v for v in verdicts}
 
 
@@ -70,7 +71,7 @@ def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]
     for name, v in verdicts.items():
         # What was checked is in the line: SGLang ran its resolution, the guard, the modules the
         # MXFP4 backend needs, the SiTU probe.
-        assert "resolution steps" in v.line and "guard accepts" in v.line
+        assert "resolution steps" in v.line and "guard accepts" in v.line and " 0 resolution steps" not in v.line
         assert "fused_moe_120" in v.line and "mxfp8_quantization_sm100" in v.line and "situ-mxfp4-cutlass" in v.line
         # No step may be skipped for a reason the check does not know.
         assert all(d.startswith(("skipped ", "stopped ")) for d in v.details), v.details
@@ -155,4 +156,5 @@ def test_mxfp4_backend_on_an_image_without_the_situ_patch(image: tuple[Path, lis
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
+    # -rP: the check's report (what ran, what was skipped and why) is in test.log when it passes.
+    sys.exit(pytest.main([__file__, "-v", "-rP"]))
