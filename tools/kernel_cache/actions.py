@@ -227,7 +227,10 @@ def write_cache_json(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping
                 # The runners a kernel selection compiled in (tests/gpu skip the others, naming
                 # the selection); absent for `full`.
                 **({"kernel_selection": {"name": m["kernel_selection"]["name"],
-                                         "runners": m["kernel_selection"]["runners"]}}
+                                         "runners": m["kernel_selection"]["runners"],
+                                         # Only where a tile set stubs some (bytes unchanged else).
+                                         **({"stubbed_tiles": m["kernel_selection"]["stubbed_tiles"]}
+                                            if m["kernel_selection"].get("stubbed_tiles") else {})}}
                    if "kernel_selection" in m else {}),
                 "flags": {"compile": sorted({" ".join(o["args"]) for o in m["objects"]}),
                           "link": " ".join(m["link"]["args"])},
