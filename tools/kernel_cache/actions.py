@@ -91,6 +91,12 @@ def compile_argv(obj: Mapping[str, Any], fill: Fill, out: Path) -> list[str]:
         # independent of where the tree lives (measured: norm's csrc_norm.cuda.o differed
         # between two tree paths without this; identical with it).
         maps += ["-Xcudafe", "--orig_src_path_name=" + fixed_path(fill.apply(obj["src"]), fill)]
+        # A source with no external definition of its own (FlashInfer's generated instantiation
+        # files, the moe_gemm_kernels_*.cu lists) gets anonymous-namespace names from a random
+        # number and the pid (_GLOBAL__N__..._cu_e31c0577_17583 in one build, _a0bf3d01_30717 in
+        # the next: fused_moe_120.so differed between two clean output roots, every other module
+        # matched). nvcc's seed replaces that random number; one per object of a module.
+        maps += [f"-frandom-seed={obj['out']}"]
     argv: list[str] = []
     for i, a in enumerate(obj["args"]):
         if i == 1:
