@@ -119,7 +119,7 @@ def _bf16_moe(activation: str, situ: tuple["torch.Tensor", "torch.Tensor"] | Non
         kwargs = {"situ_beta": situ[0], "situ_linear_beta": situ[1]}
     out = torch.empty_like(x)
     cutlass_fused_moe(x, ids.to(torch.int), weights.float(), w13, w2, torch.bfloat16,
-                      output=out, activation_type=act, **kwargs)
+                      quant_scales=None, output=out, activation_type=act, **kwargs)
     torch.cuda.synchronize()
 
     ref = torch.zeros(tokens, hidden, dtype=torch.float64, device="cuda")

@@ -20,6 +20,7 @@ that into skips). CI (.ci/run) runs only the CPU suite, never this file.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -27,7 +28,8 @@ from typing import Any, Optional
 import pytest
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).absolute().parent))
-from conftest import import_or_fail, require_cached_module, require_cached_runner  # noqa: E402
+from conftest import (import_or_fail, installed_cache_meta, require_cached_module,  # noqa: E402
+                      require_cached_runner)
 
 torch = import_or_fail("torch")
 
@@ -223,14 +225,10 @@ def check_against_references(case: Case, run: Any, label: str, tolerance: float)
     assert err_ignored > 5 * err, f"{label}: per-expert betas made no difference ({err_ignored:.3e})"
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")
-def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
-    device = _cuda()
-    if _capability()[0] == 9:
-        # W4A16 (isWFP4A16Quant): bf16 activations x MXFP4 weights.
-        require_cached_runner("fused_moe_90", "CutlassMoeFCRunner<__nv_bfloat16, Fp4Type>")
-    if _capability()[0] != 9:
-        pytest.skip(f"SM90 W4A16 MXFP4 path; this GPU is sm{''.join(map(str, _capability()))}")
+def _w4a16_runner(shape: MoeShape, device: Any) -> tuple[Case, Any]:
+    """The case and run(beta, linear_beta, profile_ids=None) of the SM90 W4A16 path:
+    bf16 activations x MXFP4 weights (isWFP4A16Quant), weights and scales interleaved for
+    the mixed-input GEMM."""
     _flashinfer_with_situ()
     from flashinfer import fused_moe
     from flashinfer.fused_moe.core import ActivationType
@@ -250,7 +248,8 @@ def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
     )
     x = torch.nn.functional.pad(case.x, (0, k_pad - shape.hidden))
 
-    def run(beta: Optional[Any], linear_beta: Optional[Any]) -> Any:
+    def run(beta: Optional[Any], linear_beta: Optional[Any],
+            profile_ids: Optional[list[int]] = None) -> Any:
         out = torch.zeros(shape.tokens, k_pad, dtype=torch.bfloat16, device=device)
         fused_moe.cutlass_fused_moe(
             x,
@@ -265,12 +264,48 @@ def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
             output=out,
             situ_beta=beta,
             situ_linear_beta=linear_beta,
+            profile_ids=profile_ids,
         )
         torch.cuda.synchronize()
         return out[:, : shape.hidden]
 
+    return case, run
+
+
+def _require_sm90_w4a16() -> None:
+    if _capability()[0] == 9:
+        # W4A16 (isWFP4A16Quant): bf16 activations x MXFP4 weights.
+        require_cached_runner("fused_moe_90", "CutlassMoeFCRunner<__nv_bfloat16, Fp4Type>")
+    if _capability()[0] != 9:
+        pytest.skip(f"SM90 W4A16 MXFP4 path; this GPU is sm{''.join(map(str, _capability()))}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")
+def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
+    device = _cuda()
+    _require_sm90_w4a16()
+    case, run = _w4a16_runner(shape, device)
     # bf16 activations: only the bf16 GEMM1 output / activation roundings differ.
     check_against_references(case, run, "SM90 bf16 x MXFP4", tolerance=3e-2)
+
+
+def test_w4a16_unselected_tile_fails_by_name() -> None:
+    """A cache whose selection keeps only some W4A16 tiles (gpu-test-sm90) defines the others'
+    launchers as stubs: a tactic that picks one raises NotImplementedError naming the kernel,
+    its tile and the selection, and runs no other kernel. GEMM1 tactic 1 is CTA 64x16x128 with
+    cluster 2x1x1 (get_candidate_configs_sm90: each weight-only tile at clusters 1x1x1, 2x1x1,
+    1x2x1, 2x2x1, all swap_ab for the mixed-input GEMM), outside that selection."""
+    device = _cuda()
+    _require_sm90_w4a16()
+    sel = (((installed_cache_meta() or {}).get("modules") or {}).get("fused_moe_90") or {}).get(
+        "kernel_selection") or {}
+    if not sel.get("stubbed_tiles"):
+        pytest.skip("this cache compiles every W4A16 tile (its selection has no tile set)")
+    _, run = _w4a16_runner(SHAPES[0], device)
+    with pytest.raises(Exception, match=r"\(CTA 64x16x128, cluster 2x1x1\) is not compiled into "
+                                        r"fused_moe_90: its tile is outside kernel selection "
+                                        + re.escape(sel.get("name", ""))):
+        run(None, None, profile_ids=[1, -1])
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")

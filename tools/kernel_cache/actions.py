@@ -91,6 +91,12 @@ def compile_argv(obj: Mapping[str, Any], fill: Fill, out: Path) -> list[str]:
         # independent of where the tree lives (measured: norm's csrc_norm.cuda.o differed
         # between two tree paths without this; identical with it).
         maps += ["-Xcudafe", "--orig_src_path_name=" + fixed_path(fill.apply(obj["src"]), fill)]
+        # A source with no external definition of its own (FlashInfer's generated instantiation
+        # files, the moe_gemm_kernels_*.cu lists) gets anonymous-namespace names from a random
+        # number and the pid (_GLOBAL__N__..._cu_e31c0577_17583 in one build, _a0bf3d01_30717 in
+        # the next: fused_moe_120.so differed between two clean output roots, every other module
+        # matched). nvcc's seed replaces that random number; one per object of a module.
+        maps += [f"-frandom-seed={obj['out']}"]
     argv: list[str] = []
     for i, a in enumerate(obj["args"]):
         if i == 1:
@@ -227,7 +233,10 @@ def write_cache_json(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping
                 # The runners a kernel selection compiled in (tests/gpu skip the others, naming
                 # the selection); absent for `full`.
                 **({"kernel_selection": {"name": m["kernel_selection"]["name"],
-                                         "runners": m["kernel_selection"]["runners"]}}
+                                         "runners": m["kernel_selection"]["runners"],
+                                         # Only where a tile set stubs some (bytes unchanged else).
+                                         **({"stubbed_tiles": m["kernel_selection"]["stubbed_tiles"]}
+                                            if m["kernel_selection"].get("stubbed_tiles") else {})}}
                    if "kernel_selection" in m else {}),
                 "flags": {"compile": sorted({" ".join(o["args"]) for o in m["objects"]}),
                           "link": " ".join(m["link"]["args"])},

@@ -117,9 +117,10 @@ def probe_main() -> int:
             return 4
         sources, summary = list(spec.sources), None
         if ms:
+            stubs = kernel_counts.pop("_stubs", None)
             sources, summary = selection.select_sources(
                 [Path(s) for s in spec.sources], ms, spec.name,
-                Path(jit_env.FLASHINFER_CSRC_DIR), gen_dir)
+                Path(jit_env.FLASHINFER_CSRC_DIR), gen_dir, stubs)
             summary["generated_operations"] = kernel_counts
         ninja = cpp_ext.generate_ninja_build_for_op(
             name=spec.name, sources=sources, extra_cflags=spec.extra_cflags,

@@ -37,6 +37,15 @@ FULL = "full"
 SELECTION_DIR = "kernel_selection"
 HEADER_NAME = "kimi_k3_kernel_selection.h"
 _KERNEL_KEYS = {"kind", "arch", "act", "weight", "out"}
+# Optional per kernel entry: "tiles" (keep only these CTA / cluster shapes, stub the rest) and a "why".
+_KERNEL_OPTIONAL = {"tiles", "why"}
+# Unselected tiles of a kept dtype pair get throwing definitions here (gen dir relative).
+STUBS_SOURCE = f"{SELECTION_DIR}/stubs/unselected_tiles.cu"
+# FlashInfer's explicit instantiation of an SM90 mixed-input grouped launcher (generate_kernels.py
+# instantiate_operation_tma_warp_specialized): "template void NAME<ARGS> (PARAMS);".
+_MIXED_INSTANTIATION_RE = re.compile(
+    r"^\s*template\s+void\s+(sm90_generic_mixed_moe_\w*kernelLauncher)\s*<(.*)>\s*\((.*)\)\s*;\s*$",
+    re.S)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -85,10 +94,20 @@ def _check_module_selection(where: str, ms: Any) -> None:
             raise UserError(f"{where}.{key}: a list of '{prefix}...>' as FlashInfer's explicit "
                             "instantiations spell them")
     for i, k in enumerate(ms.get("kernels", [])):
-        if not isinstance(k, dict) or set(k) != _KERNEL_KEYS or k["kind"] not in ("grouped", "gemm") \
-                or not isinstance(k["arch"], int):
+        if not isinstance(k, dict) or not _KERNEL_KEYS <= set(k) <= _KERNEL_KEYS | _KERNEL_OPTIONAL \
+                or k["kind"] not in ("grouped", "gemm") or not isinstance(k["arch"], int):
             raise UserError(f"{where}.kernels[{i}]: expected {{kind: grouped|gemm, arch: int, act, "
-                            "weight, out}} with FlashInfer's type names (bf16, f16, e4m3, e2m1, ...)")
+                            "weight, out}} with FlashInfer's type names (bf16, f16, e4m3, e2m1, ...), "
+                            "optionally tiles and why")
+        if "tiles" in k:
+            tiles = k["tiles"]
+            if not isinstance(tiles, list) or not tiles or not all(
+                    isinstance(t, dict) and set(t) == {"cta", "cluster"}
+                    and all(isinstance(t[x], list) and len(t[x]) == 3
+                            and all(isinstance(v, int) for v in t[x]) for x in ("cta", "cluster"))
+                    for t in tiles):
+                raise UserError(f"{where}.kernels[{i}].tiles: a non-empty list of "
+                                "{\"cta\": [m, n, k], \"cluster\": [x, y, z]}")
 
 
 def module_selections(path: Path, name: str, arch: str) -> dict[str, dict[str, Any]] | None:
@@ -104,7 +123,8 @@ def module_selections(path: Path, name: str, arch: str) -> dict[str, dict[str, A
                         f"--arch {sel['arch']} or another selection")
     return {mod: {"selection": name, "arch": arch, "runners": sorted(ms.get("runners", [])),
                   "gemm_runners": sorted(ms.get("gemm_runners", [])),
-                  "kernels": ms.get("kernels", [])}
+                  "kernels": [{k: v for k, v in entry.items() if k != "why"}
+                              for entry in ms.get("kernels", [])]}
             for mod, ms in sel["modules"].items()}
 
 
@@ -136,20 +156,38 @@ def operation_key(op: Any, names: Any) -> dict[str, Any]:
             "weight": names.GetDataTypeNames(weight), "out": names.GetDataTypeNames(out)}
 
 
+def tile_key(op: Any) -> dict[str, list[int]]:
+    """An operation's CTA and cluster shape as a selection's "tiles" spell them."""
+    return {"cta": [int(v) for v in op.cta_shape],
+            "cluster": [int(v) for v in getattr(op, "cga_shape", (1, 1, 1))]}
+
+
+def _is_sm90_mixed(key: Mapping[str, Any]) -> bool:
+    return key["kind"] == "grouped" and key["arch"] == 90 and key["act"] != key["weight"]
+
+
 @contextlib.contextmanager
 def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """While active, FlashInfer's generate_sm*_operations return only selected operations, so its
-    own grouping and writer emit the selected kernels only. Yields counts for the plan."""
+    own grouping and file writer emit the selected kernels only. An entry with "tiles" keeps
+    only those CTA / cluster shapes of its dtype pair; the dispatch still takes the address of
+    every other tile's launcher, so those become stubs (select_sources writes them) that throw
+    naming the tile and the selection. Yields counts for the plan (and the stubs under "_stubs")."""
     from flashinfer.jit.gemm.cutlass import generate_kernels as gk
 
-    wanted = [dict(k) for k in ms["kernels"]]
+    wanted = [{k: v for k, v in e.items() if k != "tiles"} for e in ms["kernels"]]
+    tiles = [e.get("tiles") for e in ms["kernels"]]
     hits = [0] * len(wanted)
-    stats = {"operations": 0, "selected": 0}
+    tile_hits: list[set[int]] = [set() for _ in wanted]
+    stats: dict[str, Any] = {"operations": 0, "selected": 0}
+    stubs: list[dict[str, Any]] = []
+    mixed_includes: list[list[str]] = []
     originals = {n: f for n, f in vars(gk).items()
                  if re.fullmatch(r"generate_sm\d+_operations", n) and callable(f)}
     if not originals:
         raise UserError("flashinfer.jit.gemm.cutlass.generate_kernels has no generate_sm*_operations:"
                         " update tools/kernel_cache/selection.py for this FlashInfer version")
+    original_write = gk.write_file
 
     def wrap(fn: Any) -> Any:
         def filtered(*args: Any, **kwargs: Any) -> list[Any]:
@@ -158,25 +196,89 @@ def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
                 stats["operations"] += 1
                 key = operation_key(op, gk)
                 for i, w in enumerate(wanted):
-                    if w == key:
-                        hits[i] += 1
+                    if w != key:
+                        continue
+                    hits[i] += 1
+                    tile = tile_key(op)
+                    if tiles[i] is None or tile in tiles[i]:
+                        if tiles[i] is not None:
+                            tile_hits[i].add(tiles[i].index(tile))
                         kept.append(op)
-                        break
+                    elif _is_sm90_mixed(key):
+                        stubs.append({"entry": i, "tile": tile,
+                                      "instantiation": gk.instantiate_operation(op)})
+                    else:
+                        raise UserError(f"selection {ms['selection']}: kernels[{i}] {w}: tile sets "
+                                        "are supported for the SM90 mixed-input grouped kernels only "
+                                        "(their launchers are plain function templates a stub can "
+                                        "define); drop 'tiles' there")
+                    break
             stats["selected"] += len(kept)
             return kept
         return filtered
 
+    def write_file(launcher_inl_files: Any, operations: Any, output_file: Any) -> Any:
+        # The includes FlashInfer gives its mixed-input files are the stubs' includes too.
+        if "_Mixed_" in str(output_file) and not mixed_includes:
+            mixed_includes.append([str(f) for f in launcher_inl_files])
+        return original_write(launcher_inl_files, operations, output_file)
+
     for n, f in originals.items():
         setattr(gk, n, wrap(f))
+    gk.write_file = write_file
     try:
         yield stats
     finally:
         for n, f in originals.items():
             setattr(gk, n, f)
+        gk.write_file = original_write
     unmatched = [w for w, h in zip(wanted, hits) if not h]
     if unmatched:
         raise UserError(f"selection {ms['selection']}: kernels {unmatched} match no operation "
                         "FlashInfer generates for this arch; fix kernel_cache/selections.json")
+    for i, t in enumerate(tiles):
+        missing = [x for j, x in enumerate(t or []) if j not in tile_hits[i]]
+        if missing:
+            raise UserError(f"selection {ms['selection']}: kernels[{i}] {wanted[i]}: tiles {missing} "
+                            "match no operation FlashInfer generates for that dtype pair; fix "
+                            "kernel_cache/selections.json")
+    if stubs:
+        if not mixed_includes:
+            raise UserError(f"selection {ms['selection']}: FlashInfer wrote no mixed-input file to "
+                            "take the stubs' includes from; update tools/kernel_cache/selection.py")
+        stats["stubbed"] = len(stubs)
+        stats["_stubs"] = {"includes": mixed_includes[0], "stubs": stubs}
+
+
+def stubs_source(ms: Mapping[str, Any], module: str, stubs: Mapping[str, Any]) -> str:
+    """Definitions for the unselected tiles' launchers: explicit specializations (the same
+    symbols FlashInfer's explicit instantiations would define) whose body throws TVM FFI's
+    NotImplementedError naming the kernel, its tile and where to select it. Only declarations
+    are needed, but the launcher's .inl brings every type the template arguments name."""
+    sel, arch = ms["selection"], ms["arch"]
+    lines = [f"// Generated by tools/kernel_cache (kernel selection {sel}, arch {arch}); do not edit.",
+             "// Launchers of tiles outside the selection: they exist (the dispatch takes their",
+             "// address) and throw when called.", "#include <tvm/ffi/error.h>"]
+    lines += [f'#include "{inc}"' for inc in stubs["includes"]]
+    lines += ["", "namespace tensorrt_llm {", "namespace kernels {", "namespace cutlass_kernels_oss {", ""]
+    for stub in stubs["stubs"]:
+        m = _MIXED_INSTANTIATION_RE.match(stub["instantiation"])
+        if not m:
+            raise UserError(f"module {module}: FlashInfer's mixed-input instantiation "
+                            f"{stub['instantiation'].strip()[:120]!r} has a form "
+                            "tools/kernel_cache/selection.py does not know; update it")
+        name, args, params = m.group(1), " ".join(m.group(2).split()), " ".join(m.group(3).split())
+        cta, cluster = ("x".join(map(str, stub["tile"][k])) for k in ("cta", "cluster"))
+        tile_json = json.dumps(stub["tile"], separators=(", ", ": "))
+        message = (f"CUTLASS kernel {name} (CTA {cta}, cluster {cluster}) is not compiled into "
+                   f"{module}: its tile is outside kernel selection {sel} (arch {arch}); add "
+                   f"{tile_json} to selections.{sel}.modules.{module}.kernels[{stub['entry']}].tiles "
+                   "in kernel_cache/selections.json, regenerate the plan and rebuild the kernel cache")
+        lines += [f"template <>\nvoid {name}<{args}>(\n    {params}) {{",
+                  f"  TVM_FFI_LOG_AND_THROW(NotImplementedError) << {json.dumps(message)};", "}", ""]
+    lines += ["}  // namespace cutlass_kernels_oss", "}  // namespace kernels",
+              "}  // namespace tensorrt_llm", ""]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,9 +364,11 @@ def selection_header(ms: Mapping[str, Any], module: str, all_runners: Sequence[s
 
 
 def select_sources(sources: Sequence[Path], ms: Mapping[str, Any], module: str, csrc: Path,
-                   gen_dir: Path) -> tuple[list[Path], dict[str, Any]]:
-    """The module's sources for the selection (generated copies under gen_dir/kernel_selection/)
-    and a summary for the plan. Every name the selection lists must exist in FlashInfer's lists."""
+                   gen_dir: Path, stubs: Mapping[str, Any] | None = None
+                   ) -> tuple[list[Path], dict[str, Any]]:
+    """The module's sources for the selection (generated copies under gen_dir/kernel_selection/,
+    plus the unselected tiles' stubs kernel_filter collected) and a summary for the plan. Every
+    name the selection lists must exist in FlashInfer's lists."""
     out_dir = gen_dir / SELECTION_DIR
     runners, gemm_runners = set(ms["runners"]), set(ms["gemm_runners"])
     by_name = {p.name: p for p in sources}
@@ -316,4 +420,10 @@ def select_sources(sources: Sequence[Path], ms: Mapping[str, Any], module: str, 
                             "kernel_cache/selections.json")
     header = out_dir / "cutlass_backend" / HEADER_NAME
     header.write_text(selection_header(ms, module, available["runners"]))
+    if stubs:
+        stub_file = gen_dir / STUBS_SOURCE
+        stub_file.parent.mkdir(parents=True, exist_ok=True)
+        stub_file.write_text(stubs_source(ms, module, stubs))
+        result.append(stub_file)
+        summary["stubbed_tiles"] = sorted({json.dumps(s["tile"]) for s in stubs["stubs"]})
     return result, summary

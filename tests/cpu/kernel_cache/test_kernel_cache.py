@@ -25,7 +25,8 @@ import pytest
 
 import tools.kernel_cache.build as kc_build
 from tools.common.errors import UserError
-from tools.kernel_cache.actions import CACHE_JSON_NAME, Fill, compile_one, link_spec, object_spec
+from tools.kernel_cache.actions import (CACHE_JSON_NAME, Fill, compile_argv, compile_one, link_spec,
+                                        object_spec)
 from tools.kernel_cache.build import object_key, record_path
 from tools.kernel_cache.cli import main, parser
 from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, make_plan,
@@ -278,6 +279,40 @@ def test_object_bytes_do_not_depend_on_where_the_tree_lives(env: dict[str, Any],
         outs.append(out.read_bytes())
     assert b"_INTERNAL_" in outs[0], "the fixture must produce an internal-linkage device symbol"
     assert outs[0] == outs[1]
+
+
+INSTANTIATION_ONLY_SOURCE = """
+namespace { __device__ int counter = 3; }
+template <typename T> __global__ void bump(T* p) { p[0] += counter; }
+template __global__ void bump<int>(int*);  // nothing external of its own, like FlashInfer's generated files
+"""
+
+
+def test_object_bytes_do_not_depend_on_the_compiler_process(env: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    """A source that defines nothing external of its own gets anonymous-namespace names from
+    a random number and nvcc's pid (_GLOBAL__N__..._k_cu_6169e7d9_2758); the tool passes nvcc's
+    -frandom-seed (the object's name), so two compiles give one object."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "k.cu").write_text(INSTANTIATION_ONLY_SOURCE)
+    obj = {"out": "k.cuda.o", "src": "@TREE@/k.cu", "kind": "cuda", "mem_mb": 1500,
+           "args": ["@CUDA_HOME@/bin/nvcc", "-gencode=arch=compute_120f,code=sm_120f", "-c",
+                    "@INPUT@", "-o", "@OUTPUT@"]}
+    fill = Fill(tree, Path("/nonexistent"), env["tc"])
+    names = []
+    for i in range(2):  # without the seed: the fixture is one that varies, or this test could not fail
+        out = tmp_path / f"unseeded{i}.o"
+        argv = [a for a in compile_argv(obj, fill, out) if not a.startswith("-frandom-seed")]
+        assert env["tc"].run(argv, 0).returncode == 0
+        names.append(sorted(set(re.findall(rb"_GLOBAL__N__\w+", out.read_bytes()))))
+    assert names[0] and names[0] != names[1], names
+    seeded = []
+    for i in range(2):
+        out = tmp_path / f"seeded{i}.o"
+        compile_one({"name": "t"}, obj, fill, out, 0)
+        seeded.append(out.read_bytes())
+    assert seeded[0] == seeded[1]
 
 
 def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:

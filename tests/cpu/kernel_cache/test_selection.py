@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import pytest
 
 import tools.kernel_cache.build as kc_build
+from tools.kernel_cache.actions import Fill, compile_one
 from tools.common.errors import UserError
 from tools.image.smoke import write_driver_stub
 from tools.kernel_cache.plan import describe_drift, make_plan, moe_instantiations, read_plan
@@ -157,6 +158,72 @@ def test_kimi_k3_plan_compiles_only_mxfp8_x_mxfp4(env: dict[str, Any], tmp_path:
     full = make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False)
     assert "selection" not in full and "kernel_selection" not in full["modules"][0]
     assert len(full["modules"][0]["objects"]) == 96
+
+
+_MIXED_RE = re.compile(r"template\s+(?:<>\s*)?void\s+(sm90_generic_mixed_moe_\w*kernelLauncher)\s*<"
+                       r"[^;{]*?cute::Shape<cute::Int<(\d+)>, cute::Int<(\d+)>, cute::Int<(\d+)>>, "
+                       r"cute::Shape<cute::Int<(\d+)>, cute::Int<(\d+)>, cute::Int<(\d+)>>")
+
+
+def _mixed_tiles(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return [(tuple(map(int, m.group(2, 3, 4))), tuple(map(int, m.group(5, 6, 7))))
+            for m in _MIXED_RE.finditer(text)]
+
+
+def test_w4a16_tile_set_compiles_its_tiles_and_stubs_the_rest(env: dict[str, Any],
+                                                             tmp_path: Path) -> None:
+    """gpu-test-sm90 keeps two W4A16 tiles: FlashInfer's generated mixed-input files hold only
+    those, every other bf16 x e2m1 launcher is a stub (an explicit specialization, the symbol
+    FlashInfer's explicit instantiation would define) that throws naming its tile and where to
+    select it, and the stub file compiles for 9.0a and defines exactly those symbols."""
+    decl = next(m for m in json.loads(MODULES.read_text())["modules"] if m["name"] == "fused_moe_90")
+    modules = tmp_path / "modules.json"
+    modules.write_text(json.dumps({"schema_version": 1, "modules": [
+        {k: v for k, v in decl.items() if k != "source_markers"}]}))
+    gen = tmp_path / "gen"
+    plan = make_plan(env["tree"], modules, "9.0a", "full", env["tc"], gen_out=gen,
+                     enforce_markers=False, selection="gpu-test-sm90", selections_path=SELECTIONS)
+    (m,) = plan["modules"]
+    (entry,) = [k for k in load_selections(SELECTIONS)["selections"]["gpu-test-sm90"]["modules"]
+                ["fused_moe_90"]["kernels"] if "tiles" in k]
+    wanted = {(tuple(t["cta"]), tuple(t["cluster"])) for t in entry["tiles"]}
+    mod_gen = gen / "fused_moe_90"
+    kept_files = sorted(mod_gen.rglob("*_Mixed_*.generated.cu"))
+    kept = [t for f in kept_files for t in _mixed_tiles(f.read_text())]
+    assert kept and set(kept) == wanted, kept
+    assert len(kept_files) == 2, kept_files  # from 23 files (181 operations more) in `full`
+    stub_file = mod_gen / "kernel_selection" / "stubs" / "unselected_tiles.cu"
+    stub_text = stub_file.read_text()
+    stubbed = _mixed_tiles(stub_text)
+    counts = m["kernel_selection"]["generated_operations"]
+    assert len(stubbed) == counts["stubbed"] > 100 and not set(stubbed) & wanted
+    assert stub_text.count("TVM_FFI_LOG_AND_THROW(NotImplementedError)") == len(stubbed)
+    assert ("(CTA 64x16x128, cluster 2x1x1) is not compiled into fused_moe_90: its tile is outside "
+            "kernel selection gpu-test-sm90 (arch 9.0a); add {\\\"cta\\\": [64, 16, 128], \\\"cluster\\\": "
+            "[2, 1, 1]} to selections.gpu-test-sm90.modules.fused_moe_90.kernels[1].tiles") in stub_text
+    (stub_obj,) = [o for o in m["objects"] if o["out"] == "stubs_unselected_tiles.cuda.o"]
+    # Compiled as the plan compiles it, with the pinned toolchain: one definition per stub.
+    compile_one(m, stub_obj, Fill(env["tree"], mod_gen, env["tc"]), tmp_path / "stub.o", 0)
+    defined = subprocess.run(["nm", "-C", "--defined-only", str(tmp_path / "stub.o")],
+                             capture_output=True, text=True, check=True).stdout
+    assert len([ln for ln in defined.splitlines() if " T " in ln
+                and "sm90_generic_mixed_moe_gemm_kernelLauncher<" in ln]) == len(stubbed)
+
+
+def test_tile_set_mistakes_are_named(env: dict[str, Any], tmp_path: Path) -> None:
+    kernels = [{"kind": "grouped", "arch": 120, "act": "e4m3", "weight": "e2m1", "out": "bf16",
+                "tiles": [{"cta": [128, 128, 128], "cluster": [1, 1, 1]}]}]
+    path = _selections(tmp_path / "selections.json", broken=_moe([], [], kernels))
+    with pytest.raises(UserError, match=r"kernels\[0\] .*: tile sets are supported for the SM90 "
+                                        r"mixed-input grouped kernels only"):
+        make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False,
+                  selection="broken", selections_path=path)
+    kernels[0]["tiles"] = [{"cta": [128, 128], "cluster": [1, 1, 1]}]
+    path = _selections(tmp_path / "selections.json", broken=_moe([], [], kernels))
+    with pytest.raises(UserError, match=r"selections.broken.modules.fused_moe_120.kernels\[0\].tiles: "
+                                        r"a non-empty list of"):
+        make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False,
+                  selection="broken", selections_path=path)
 
 
 @pytest.mark.parametrize("selection,message", [
