@@ -1,6 +1,6 @@
 """Count test cases from bazel-testlogs for .ci/run and print `N passed, N failed` last.
 
-Each test target of the pattern writes pytest's JUnit XML to Bazel's test.xml, e.g.
+Each test target of the patterns (the README's test command) writes pytest's JUnit XML to test.xml, e.g.
 //tests/cpu/kernel_cache:spec_check -> bazel-testlogs/tests/cpu/kernel_cache/spec_check/test.xml
 (a test_suite under tests/cpu may expand to a test in another package, such as
 //sglang_patches:check -> bazel-testlogs/sglang_patches/check/test.xml). A target without a report (build failure, crash
@@ -19,14 +19,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bazel-rc", type=int, required=True)
     ap.add_argument("--elapsed", type=int, default=0)
-    ap.add_argument("--pattern", default="//tests/cpu/...")
+    ap.add_argument("--pattern", action="append", required=True,
+                    help="a target pattern of the test command (repeat for each)")
     args = ap.parse_args()
-    # Exactly the targets `bazel test PATTERN` runs: a wildcard skips `manual` targets, and
-    # .bazelrc's --test_tag_filters=-gpu drops GPU tests (a stale report of either must not count).
-    everything = f"tests({args.pattern})"
-    skipped_kinds = f"attr(tags, '\\bmanual\\b', {everything}) + attr(tags, '\\bgpu\\b', {everything})"
-    q = subprocess.run(["tools/bazel", "query", f"{everything} except ({skipped_kinds})"],
-                       capture_output=True, text=True)
+    # Exactly the targets `bazel test PATTERN...` runs: a wildcard skips `manual` targets (a target
+    # named explicitly runs all the same), and .bazelrc's --test_tag_filters=-gpu drops GPU tests
+    # (a stale report of either must not count).
+    parts = []
+    for pattern in args.pattern:
+        tests = f"tests({pattern})"
+        skipped = f"attr(tags, '\\bgpu\\b', {tests})"
+        if pattern.endswith(("...", ":all", ":*")):
+            skipped += f" + attr(tags, '\\bmanual\\b', {tests})"
+        parts.append(f"({tests} except ({skipped}))")
+    q = subprocess.run(["tools/bazel", "query", " + ".join(parts)], capture_output=True, text=True)
     targets = [t for t in q.stdout.split() if t.startswith("//")]
     passed = failed = skipped = 0
     for t in targets:
