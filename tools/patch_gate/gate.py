@@ -145,22 +145,25 @@ def refuse_symlinked_paths(tree: Path, patch: RemappedPatch) -> None:
                     raise UserError(f"{patch.source.entry.label}: {wheel_path} goes through the symlink {'/'.join(parts[:depth])} in the target tree; patch the real path")
 
 
+_UNREADABLE_RE = re.compile(r"^(?:error: )?((?:corrupt patch|corrupt binary patch|patch fragment without header|"
+                            r"git diff header lacks|No valid patches|unrecognized input).*)$", re.M)
+
+
 def classify_patch(tree: Path, patch_file: Path, patch: RemappedPatch, git: GitApply) -> tuple[str, dict[str, dict[int, int]], list[str]]:
     """Decide `applies` / `already upstream` / `conflicts` with git apply --check both ways."""
     forward_ok, forward_out = git.run(tree, patch_file, "--check", "-v")
     reverse_ok, reverse_out = git.run(tree, patch_file, "--check", "-v", "-R")
+    # The parser refuses cut patches first; this catches whatever else git cannot parse, which is
+    # bad input, not a conflict with the target. Read whatever the exit status: git skips a file
+    # whose binary hunk it cannot decode and still exits 0 when another file of the patch applies.
+    unreadable = _UNREADABLE_RE.search(forward_out) or _UNREADABLE_RE.search(reverse_out)
+    if unreadable:
+        raise UserError(f"{patch.source.entry.label}: git apply cannot read the remapped patch "
+                        f"({unreadable.group(1)[:120]}); regenerate the patch with `git diff --binary`")
     if forward_ok and not reverse_ok:
         return STATE_APPLIES, _offsets(forward_out), []
     if reverse_ok and not forward_ok:
         return STATE_UPSTREAM, _offsets(reverse_out), []
-    if not (forward_ok or reverse_ok):
-        # The parser above refuses cut patches first; this catches whatever else git cannot parse,
-        # which is bad input, not a conflict with the target.
-        unreadable = re.search(r"^(?:error: )?((?:corrupt patch|patch fragment without header|git diff header lacks|"
-                               r"No valid patches|unrecognized input).*)$", forward_out, re.M)
-        if unreadable:
-            raise UserError(f"{patch.source.entry.label}: git apply cannot read the remapped patch ({unreadable.group(1)}); "
-                            "regenerate the patch with `git diff`")
     if forward_ok and reverse_ok:
         return STATE_CONFLICTS, {}, ["applies both forward and in reverse: cannot tell whether it is already upstream; regenerate it with more context (-U5)"]
     return STATE_CONFLICTS, {}, diagnose_conflict(tree, patch_file, patch, git)

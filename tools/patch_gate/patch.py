@@ -134,6 +134,12 @@ def parse_section(lines: list[str], origin: str, first_line: int = 1) -> FileSec
     if owed_old or owed_new:
         _corrupt(origin, first_line + len(lines) - 1, hunks[-1], lines[0],
                  f"the patch ends {owed_old or owed_new} lines short of its header's count")
+    if binary and lines[-1] != "":
+        # git ends each binary hunk with an empty line; without it git skips the file (exit 0 when
+        # another file applies), so the gate would report a change it never made.
+        raise UserError(f"{origin}: corrupt patch at line {first_line + len(lines) - 1}: the binary hunk of "
+                        f"{lines[0][11:]} lacks the empty line that ends it (trailing blank lines stripped?); "
+                        "regenerate it with `git diff --binary`")
     if not (saw_minus and saw_plus):
         old_path, new_path = _paths_from_git_header(lines[0], renamed, origin)
         if any(l.startswith("new file mode ") for l in lines):

@@ -154,7 +154,9 @@ def remap_patch(source: PatchSource, layout: WheelLayout) -> RemappedPatch:
         kept += _rewrite_header(section.lines, old_wheel, new_wheel)
         files.append(MappedFile(source=section.path, wheel=new_wheel or old_wheel or "", old_wheel=old_wheel,
                                 new_wheel=new_wheel, hunks=tuple(section.hunks)))
-    remapped = "\n".join(kept)
-    if not remapped.endswith("\n"):
-        remapped += "\n"
+    # The lines are the source's own, so joining them gives its bytes back. A patch that ends in
+    # "\n" ends with an empty last element that split_patch leaves out of the last section, so the
+    # newline is added back here, once: a binary hunk ends with an empty line, and dropping that
+    # line makes git skip the file (or, for a lone binary section, find no patch at all).
+    remapped = "\n".join(kept) + "\n"
     return RemappedPatch(source=source, text=remapped, files=tuple(files), excluded=tuple(excluded))

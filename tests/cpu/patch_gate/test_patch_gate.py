@@ -295,6 +295,91 @@ def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path
     assert rc == EXIT_REFUSED and not out.exists()
 
 
+# ----------------------------------------------------------------------------- binary sections
+
+
+def binary_bytes(seed: str) -> bytes:
+    """Deterministic bytes git treats as binary (they hold a NUL), different for each seed."""
+    return b"\0" + b"".join(hashlib.sha256(f"{seed}/{i}".encode()).digest() for i in range(40))
+
+
+# Where the binary file's section falls in the patch: `git diff` orders sections by path.
+BINARY_POSITIONS = {"last": ["a.cu", "z.bin"], "middle": ["a.cu", "m.bin", "z.cu"], "only": ["z.bin"]}
+# flashinfer/ keeps its paths (the remapped patch is the source patch byte for byte); csrc/ moves
+# under flashinfer/data/ (only the paths differ).
+WHEEL_PREFIX = {"flashinfer/": "flashinfer/", "csrc/": "flashinfer/data/csrc/"}
+
+
+def binary_fixture(tmp_path: Path, position: str, prefix: str) -> tuple[bytes, Path, dict[str, bytes]]:
+    """A real `git diff --binary` patch with the binary file at `position`, the directory target
+    it applies to, and the patched files by wheel path."""
+    before: dict[str, bytes] = {}
+    after: dict[str, bytes] = {}
+    for name in BINARY_POSITIONS[position]:
+        if name.endswith(".bin"):
+            before[prefix + name], after[prefix + name] = binary_bytes(f"{name} old"), binary_bytes(f"{name} new")
+        else:
+            before[prefix + name] = b"".join(b"int line_%d;\n" % i for i in range(8))
+            after[prefix + name] = before[prefix + name].replace(b"line_3;", b"line_3 = 3;")
+    patch = make_git_patch(tmp_path / "git", before, after)
+    headers = [line.split(b" b/")[-1].decode() for line in patch.split(b"\n") if line.startswith(b"diff --git ")]
+    assert headers == list(before) and patch.count(b"GIT binary patch") == 1, patch
+    wheel = lambda rel: WHEEL_PREFIX[prefix] + rel[len(prefix):]  # noqa: E731
+    tree = small_wheel_tree(tmp_path / "target", {wheel(rel): data for rel, data in before.items()})
+    return patch, tree, {wheel(rel): data for rel, data in after.items()}
+
+
+@pytest.mark.parametrize("prefix", sorted(WHEEL_PREFIX))
+@pytest.mark.parametrize("position", sorted(BINARY_POSITIONS))
+def test_binary_section_keeps_its_ending_wherever_it_falls(position: str, prefix: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    patch, tree, patched = binary_fixture(tmp_path, position, prefix)
+    assert patch.endswith(b"\n\n") == (position != "middle")  # a binary hunk ends with an empty line
+    series = write_series(tmp_path / "series", {"0001-binary.patch": patch})
+    manifest = tmp_path / "manifest.json"
+    rc, out, err = gate(capsys, *apply_args(series, tree, tmp_path / "out", FI_LAYOUT, "--manifest", manifest))
+    assert rc == 0, out + err
+    for rel, data in patched.items():
+        assert (tmp_path / "out" / rel).read_bytes() == data, f"{rel} not patched"
+    assert sorted(c["path"] for c in json.loads(manifest.read_text())["changed_files"]) == sorted(patched)
+    rc, out, err = gate(capsys, "remap", "--series", series, "--layout", FI_LAYOUT, "--out-dir", tmp_path / "remapped")
+    assert rc == 0, out + err
+    (remapped,) = (tmp_path / "remapped").iterdir()
+    moved = WHEEL_PREFIX[prefix].encode()
+    assert remapped.read_bytes() == patch.replace(b" a/" + prefix.encode(), b" a/" + moved).replace(
+        b" b/" + prefix.encode(), b" b/" + moved)
+
+
+@pytest.mark.parametrize("position", ["last", "middle"])
+def test_binary_hunk_without_its_ending_empty_line_is_bad_input(position: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """An editor that strips trailing blank lines cuts a binary hunk: git would skip the file."""
+    patch, tree, _ = binary_fixture(tmp_path, position, "flashinfer/")
+    cut = patch[:-1] if position == "last" else patch.replace(b"\n\ndiff --git ", b"\ndiff --git ", 1)
+    assert cut != patch
+    series = write_series(tmp_path / "series", {"0001-binary.patch": cut})
+    rc, _, err = gate(capsys, *apply_args(series, tree, tmp_path / "out"))
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert "0001-binary.patch: corrupt patch at line" in line and "the binary hunk of a/flashinfer/" in line, line
+    assert "regenerate it with `git diff --binary`" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_binary_hunk_git_cannot_decode_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """git apply skips such a file and exits 0 when another file of the patch applies."""
+    patch, tree, _ = binary_fixture(tmp_path, "last", "flashinfer/")
+    lines = patch.split(b"\n")
+    data_line = next(i for i, line in enumerate(lines) if line.startswith(b"literal ")) + 1
+    lines[data_line] = lines[data_line][:-3]  # shorter than its length character says
+    series = write_series(tmp_path / "series", {"0001-binary.patch": b"\n".join(lines)})
+    rc, _, err = gate(capsys, *apply_args(series, tree, tmp_path / "out"))
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert "0001-binary.patch: git apply cannot read the remapped patch (corrupt binary patch at" in line, line
+    assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
