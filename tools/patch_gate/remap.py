@@ -34,6 +34,38 @@ class LayoutRule:
         return self.wheel + path[len(self.source):]
 
 
+_LAYOUT_KEYS = {"schema_version", "description", "map", "exclude"}
+_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+# Per kind of rule: its fields, and whether each is required.
+_RULE_FIELDS = {"map": {"source": True, "wheel": True, "why": False}, "exclude": {"source": True, "why": True}}
+
+
+def _parse_rule(item: object, kind: str, number: int, where: str) -> LayoutRule:
+    """One `map` or `exclude` item; a wrong shape is named with its place and the fix."""
+    fields = _RULE_FIELDS[kind]
+    shape = ", ".join(f'"{key}": "..."' for key in fields)
+    if not isinstance(item, dict):
+        raise UserError(f"{where}: {kind} item {number} is {_JSON_KINDS[type(item)]}, not an object; write it as {{{shape}}}")
+    label = f"{kind} item {number}" + (f" ({item['source']!r})" if isinstance(item.get("source"), str) else "")
+    unknown = sorted(set(item) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: {label} has the unknown key {unknown[0]!r}; its keys are {', '.join(fields)}")
+    for key, required in fields.items():
+        if key not in item:
+            if not required:
+                continue
+            hint = "say why it is not in the wheel" if key == "why" else f"write it as {{{shape}}}"
+            raise UserError(f"{where}: {label} has no `{key}`; {hint}")
+        value = item[key]
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {label}: `{key}` is {_JSON_KINDS[type(value)]}; make it a string")
+        if required and not value.strip():
+            raise UserError(f"{where}: {label}: `{key}` is empty; "
+                            f"{'say why it is not in the wheel' if key == 'why' else 'fill it in'}")
+    return LayoutRule(source=item["source"], wheel=item.get("wheel") if kind == "map" else None, reason=item.get("why", ""))
+
+
 @dataclass(frozen=True)
 class WheelLayout:
     """Declared source->wheel path rules; the longest matching rule wins."""
@@ -44,26 +76,32 @@ class WheelLayout:
 
     @classmethod
     def load(cls, path: Path) -> WheelLayout:
+        where = f"--layout {path}"
         try:
             data = path.read_bytes()
             doc = json.loads(data)
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"--layout {path}: unreadable ({e}); pass a wheel_layout.json") from e
-        if doc.get("schema_version") != LAYOUT_SCHEMA_VERSION:
-            raise UserError(f"--layout {path}: schema_version must be {LAYOUT_SCHEMA_VERSION}")
+        except (OSError, ValueError) as e:  # ValueError: bad JSON, and bytes that are not UTF-8
+            raise UserError(f"{where}: unreadable ({e}); pass a wheel_layout.json") from e
+        if not isinstance(doc, dict):
+            raise UserError(f"{where}: holds {_JSON_KINDS[type(doc)]}, not an object "
+                            f'{{"schema_version": {LAYOUT_SCHEMA_VERSION}, "map": [...], "exclude": [...]}}; fix the file')
+        if type(doc.get("schema_version")) is not int or doc["schema_version"] != LAYOUT_SCHEMA_VERSION:
+            raise UserError(f"{where}: schema_version must be {LAYOUT_SCHEMA_VERSION}")
+        unknown = sorted(set(doc) - _LAYOUT_KEYS)
+        if unknown:
+            raise UserError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(_LAYOUT_KEYS))}")
         rules: list[LayoutRule] = []
-        for item in doc.get("map", []):
-            rules.append(LayoutRule(source=item["source"], wheel=item["wheel"], reason=item.get("why", "")))
-        for item in doc.get("exclude", []):
-            if not item.get("why"):
-                raise UserError(f"--layout {path}: exclude rule {item.get('source')!r} has no `why`; say why it is not in the wheel")
-            rules.append(LayoutRule(source=item["source"], wheel=None, reason=item["why"]))
+        for kind in ("map", "exclude"):
+            items = doc.get(kind, [])
+            if not isinstance(items, list):
+                raise UserError(f"{where}: `{kind}` is {_JSON_KINDS[type(items)]}; make it a list of rule objects")
+            rules += [_parse_rule(item, kind, number, where) for number, item in enumerate(items, start=1)]
         sources = [r.source for r in rules]
         for rule in rules:
             if sources.count(rule.source) > 1:
-                raise UserError(f"--layout {path}: source {rule.source!r} has two rules; keep one")
+                raise UserError(f"{where}: source {rule.source!r} has two rules; keep one")
             if rule.wheel is not None and rule.source.endswith("/") != rule.wheel.endswith("/"):
-                raise UserError(f"--layout {path}: rule {rule.source!r} -> {rule.wheel!r} mixes a directory and a file; end both with '/' or neither")
+                raise UserError(f"{where}: rule {rule.source!r} -> {rule.wheel!r} mixes a directory and a file; end both with '/' or neither")
         return cls(name=path.name, sha256=sha256_bytes(data), rules=tuple(rules))
 
     def rule_for(self, source_path: str, origin: str) -> LayoutRule:

@@ -5,6 +5,7 @@ A series line is `pin:<lock pin name>` (a fetched file, its sha256 checked again
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -45,13 +46,20 @@ def read_series(path: Path) -> list[SeriesEntry]:
     """Parse a series file; `#` starts a comment, blank lines are ignored."""
     if not path.is_file():
         raise UserError(f"--series {path}: not a file; pass a series file such as flashinfer_patches/default.series")
+    try:
+        content = path.read_bytes().decode("utf-8-sig")  # -sig: a leading BOM is not part of line 1
+    except OSError as e:
+        raise UserError(f"--series {path}: unreadable ({e.strerror}); pass a readable series file") from None
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise UserError(f"--series {path}:{line}: byte {e.object[e.start]:#04x} is not UTF-8; save the file as UTF-8") from None
     entries: list[SeriesEntry] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+    for number, raw in enumerate(content.split("\n"), start=1):
         text = raw.split("#", 1)[0].strip()
         if not text:
             continue
         kind, sep, ref = text.partition(":")
-        if not sep or kind not in ("pin", "file") or not ref.strip() or " " in ref.strip():
+        if not sep or kind not in ("pin", "file") or not ref.strip() or re.search(r"[\s\x00-\x1f\x7f]", ref.strip()):
             raise UserError(f"{path}:{number}: {text!r} is not `pin:<lock pin name>` or `file:<patch path>`; fix the line")
         entries.append(SeriesEntry(kind=kind, ref=ref.strip(), line=number))
     labels = [e.label for e in entries]
