@@ -57,8 +57,14 @@ DEFAULT_ARCHIVE = "http://deb.debian.org/debian"
 DEFAULT_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 SCHEMA_VERSION = 1
 SET_MARKER = ".debian-set.json"  # written into an extracted tree: the set's entries, canonical JSON
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*")  # Debian Policy 5.6.1 package names
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")  # Debian Policy 5.6.1 package names (two characters or more)
+NAME_RULE = "lower-case letters, digits, '+', '-' and '.', at least two characters, the first a letter or digit"
 SET_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+ARCH_RE = re.compile(r"[a-z0-9][a-z0-9-]*")  # dpkg architecture names: amd64, arm64, musl-linux-amd64
+# A component of a suite or a pool path: the characters Debian archives use. No empty, '.' or '..'
+# component, no whitespace or control bytes: a newline would add a field to the Packages index
+# written from the lock, a '..' would leave the mirror or repository directory.
+PATH_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~_-]*")
 TIMEOUT_S = 60.0
 USER_AGENT = "kimi-k3-debian/1"
 
@@ -121,6 +127,29 @@ def _split_version(v: str) -> tuple[int, str, str]:
     if not sep:
         upstream, revision = rest, ""
     return int(epoch or "0"), upstream, revision
+
+
+_EPOCH_RE = re.compile(r"[0-9]+")
+_UPSTREAM_RE = re.compile(r"[0-9][A-Za-z0-9.+~-]*")
+_REVISION_RE = re.compile(r"[A-Za-z0-9.+~]+")
+
+
+def is_version(v: str) -> bool:
+    """Debian Policy 5.6.12: [epoch:]upstream_version[-debian_revision]; the upstream part starts
+    with a digit and holds a hyphen only when a revision follows (the last hyphen starts it)."""
+    epoch, sep, rest = v.partition(":")
+    if not sep:
+        epoch, rest = "0", v
+    upstream, sep, revision = rest.rpartition("-")
+    if not sep:
+        upstream, revision = rest, ""
+    return bool(_EPOCH_RE.fullmatch(epoch) and _UPSTREAM_RE.fullmatch(upstream)
+                and (not sep or _REVISION_RE.fullmatch(revision)))
+
+
+def is_pool_path(filename: str) -> bool:
+    """A relative path of plain components ending in a .deb basename (Packages' Filename)."""
+    return filename.endswith(".deb") and all(PATH_PART_RE.fullmatch(part) for part in filename.split("/"))
 
 
 def compare_versions(a: str, b: str) -> int:
@@ -450,51 +479,78 @@ def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def _parse_package(obj: Any, where: str) -> DebPackage:
+def _parse_package(obj: Any, where: str, set_architecture: str, fix: str) -> DebPackage:
     if not isinstance(obj, dict):
         raise UserError(f"{where}: a package entry must be an object")
     name = _field(obj, "name", str, where)
+    if not NAME_RE.fullmatch(name):
+        raise UserError(f"{where} {name!r}: not a Debian package name (Debian Policy 5.6.1: {NAME_RULE}); {fix}")
     where = f"{where} {name}"
+    version = _field(obj, "version", str, where)
+    if not is_version(version):
+        raise UserError(f"{where}: version {version!r} is not a Debian version (Debian Policy 5.6.12: "
+                        "[epoch:]upstream[-revision], upstream starting with a digit, letters, digits and "
+                        f"'.+~-' only); {fix}")
+    architecture = _field(obj, "architecture", str, where)
+    if architecture not in (set_architecture, "all"):
+        raise UserError(f"{where}: architecture {architecture!r} is neither the set's {set_architecture!r} nor "
+                        f"'all'; {fix}")
     sha256 = _field(obj, "sha256", str, where)
     if not is_sha256(sha256):
-        raise UserError(f"{where}: sha256 {sha256!r} is not 64 hex digits; re-resolve the set")
+        raise UserError(f"{where}: sha256 {sha256!r} is not 64 hex digits; {fix}")
     filename = _field(obj, "filename", str, where)
-    if not filename.endswith(".deb") or ".." in filename.split("/") or filename.startswith("/"):
-        raise UserError(f"{where}: filename {filename!r} is not a pool path of a .deb; re-resolve the set")
+    if not is_pool_path(filename):
+        raise UserError(f"{where}: filename {filename!r} is not a pool path of a .deb (relative components of "
+                        f"letters, digits and '.+~_-', each starting with a letter or digit, ending in .deb); {fix}")
     urls = _field(obj, "urls", list, where)
-    if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://", "file://")) for u in urls):
-        raise UserError(f"{where}: urls must be a non-empty list of http(s)/file URLs; re-resolve the set")
+    if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://", "file://"))
+                           and not re.search(r"[\s\x00-\x1f\x7f]", u) for u in urls):
+        raise UserError(f"{where}: urls must be a non-empty list of http(s)/file URLs without whitespace; {fix}")
     size = _field(obj, "size", int, where)
     if size <= 0:
-        raise UserError(f"{where}: size must be positive; re-resolve the set")
-    return DebPackage(name=name, version=_field(obj, "version", str, where),
-                      architecture=_field(obj, "architecture", str, where), filename=filename, size=size,
+        raise UserError(f"{where}: size must be positive; {fix}")
+    return DebPackage(name=name, version=version, architecture=architecture, filename=filename, size=size,
                       sha256=sha256, urls=tuple(urls))
 
 
 def parse_set(name: str, obj: Any, path: Path) -> DebSet:
     where = f"{path}: set '{name}'"
     if not SET_RE.fullmatch(name):
-        raise UserError(f"{where}: set names are lowercase letters, digits and '-'")
+        raise UserError(f"{path}: set {name!r}: set names are lowercase letters, digits and '-'")
     if not isinstance(obj, dict):
         raise UserError(f"{where}: must be an object")
+    fix = f"fix the entry or re-resolve with `{resolve_command(name)}`"
     exclude = _field(obj, "exclude", dict, where)
     for pkg, reason in exclude.items():
+        if not NAME_RE.fullmatch(pkg):
+            raise UserError(f"{where}: excluded name {pkg!r} is not a Debian package name (Debian Policy 5.6.1: "
+                            f"{NAME_RULE}); fix the name")
         if not isinstance(reason, str) or not reason.strip():
             raise UserError(f"{where}: excluded package {pkg} needs a reason (a non-empty string)")
     suites = _field(obj, "suites", list, where)
     roots = _field(obj, "roots", list, where)
     if not suites or not roots or not all(isinstance(s, str) for s in suites + roots):
         raise UserError(f"{where}: suites and roots must be non-empty lists of names")
-    packages = tuple(_parse_package(p, f"{where} package") for p in _field(obj, "packages", list, where))
+    for suite in suites:
+        if not all(PATH_PART_RE.fullmatch(part) for part in suite.split("/")):
+            raise UserError(f"{where}: suite {suite!r} is not a suite name (letters, digits and '.+~_-'); fix it")
+    for root in roots:
+        if not NAME_RE.fullmatch(root) and root not in META_ROOTS:
+            raise UserError(f"{where}: root {root!r} is neither a Debian package name (Debian Policy 5.6.1: "
+                            f"{NAME_RULE}) nor one of {', '.join(sorted(META_ROOTS))}; fix it")
+    architecture = _field(obj, "architecture", str, where)
+    if not ARCH_RE.fullmatch(architecture):
+        raise UserError(f"{where}: architecture {architecture!r} is not a Debian architecture name (e.g. amd64); "
+                        "fix it")
+    packages = tuple(_parse_package(p, f"{where} package", architecture, fix)
+                     for p in _field(obj, "packages", list, where))
     names = [p.name for p in packages]
     if names != sorted(set(names)):
         raise UserError(f"{where}: packages must be sorted by name, each once; rewrite it with "
                         f"`{resolve_command(name)}`")
     return DebSet(name=name, description=_field(obj, "description", str, where),
                   archive=_field(obj, "archive", str, where), suites=tuple(suites),
-                  architecture=_field(obj, "architecture", str, where), roots=tuple(roots),
-                  exclude=dict(exclude), packages=packages)
+                  architecture=architecture, roots=tuple(roots), exclude=dict(exclude), packages=packages)
 
 
 def read_raw(path: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import http.server
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -280,12 +281,12 @@ def test_inrelease_signature_is_checked_with_gpgv(tmp_path: Path, monkeypatch: p
 
 def test_lock_validation_names_the_set_and_the_fix(tmp_path: Path) -> None:
     lock = tmp_path / "debian.lock.json"
-    entry = {"name": "a", "version": "1", "architecture": "amd64", "filename": "pool/main/a/a/a_1_amd64.deb",
-             "size": 1, "sha256": "0" * 64, "urls": ["http://x/pool/main/a/a/a_1_amd64.deb"]}
-    base = {"description": "", "archive": "http://x", "suites": ["s"], "architecture": "amd64", "roots": ["a"],
+    entry = {"name": "app", "version": "1", "architecture": "amd64", "filename": "pool/main/a/app/app_1_amd64.deb",
+             "size": 1, "sha256": "0" * 64, "urls": ["http://x/pool/main/a/app/app_1_amd64.deb"]}
+    base = {"description": "", "archive": "http://x", "suites": ["s"], "architecture": "amd64", "roots": ["app"],
             "exclude": {}, "packages": [entry]}
     lock.write_text(json.dumps({"schema_version": 1, "sets": {"demo": base}}))
-    assert [p.name for p in debian.load_set(lock, "demo").packages] == ["a"]
+    assert [p.name for p in debian.load_set(lock, "demo").packages] == ["app"]
     for broken, message in [
         ({**base, "exclude": {"dpkg": ""}}, "excluded package dpkg needs a reason"),
         ({**base, "packages": [{**entry, "sha256": "xyz"}]}, "is not 64 hex digits"),
@@ -433,6 +434,105 @@ def test_a_deb_dpkg_deb_cannot_read_leaves_no_tree(tmp_path: Path, deb_lock: tup
     with pytest.raises(UserError, match="package hello: dpkg-deb -x failed"):
         debian.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
     assert [p.name for p in out.iterdir()] == ["old"] and leftovers(tmp_path, "tree") == []
+
+
+# Entry fields that would pass through to a tree, a file name or a Packages index: (field, value,
+# what the error says). The first entry ('hello') gets the value; every bad name still sorts first.
+BAD_ENTRIES = {
+    "name-path": ("name", "../../libkeyutils1", "package '../../libkeyutils1': not a Debian package name"),
+    "name-upper": ("name", "LibKeyutils1", "package 'LibKeyutils1': not a Debian package name"),
+    "name-newline": ("name", "hello\nEssential: yes", "package 'hello\\nEssential: yes': not a Debian package name"),
+    "name-one-char": ("name", "h", "package 'h': not a Debian package name"),
+    "version-newline": ("version", "1.0-1\nEssential: yes", "package hello: version '1.0-1\\nEssential: yes' is not"),
+    "version-letter-first": ("version", "v1.0-1", "package hello: version 'v1.0-1' is not a Debian version"),
+    "version-empty-revision": ("version", "1.0-", "package hello: version '1.0-' is not a Debian version"),
+    "version-space": ("version", "1.0 -1", "package hello: version '1.0 -1' is not a Debian version"),
+    "architecture-other": ("architecture", "arm64", "package hello: architecture 'arm64' is neither the set's 'amd64'"),
+    "filename-field": ("filename", "pool/main/h/hello/hello_1.0-1_amd64.deb\nFilename: evil.deb",
+                       "package hello: filename 'pool/main/h/hello/hello_1.0-1_amd64.deb\\nFilename: evil.deb' is not"),
+    "filename-dot": ("filename", "pool/main/h/./hello_1.0-1_amd64.deb", "filename 'pool/main/h/./hello_1.0-1_amd64.deb' is not"),
+    "filename-empty-part": ("filename", "pool//hello_1.0-1_amd64.deb", "filename 'pool//hello_1.0-1_amd64.deb' is not"),
+    "filename-tab": ("filename", "pool/main/h/hello/hello\t1.0-1_amd64.deb", "filename 'pool/main/h/hello/hello\\t1.0"),
+}
+RESOLVE_FIX = "fix the entry or re-resolve with `python3 -m tools.pins.debian resolve --set tiny`"
+
+
+def break_first_entry(lock: Path, field: str, value: str) -> None:
+    data = json.loads(lock.read_text())
+    data["sets"]["tiny"]["packages"][0][field] = value
+    lock.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+@pytest.mark.parametrize("command", ["show", "extract", "repo"])
+def test_malformed_entry_is_refused_at_load_by_every_command(command: str, case: str, tmp_path: Path,
+                                                             deb_lock: tuple[Path, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Names, versions and pool paths reach .debian-set.json, file names and a Packages index."""
+    field, value, message = BAD_ENTRIES[case]
+    lock, _ = deb_lock
+    break_first_entry(lock, field, value)
+    out = tmp_path / "out"
+    argv = [command, "--set", "tiny", "--lock", str(lock)]
+    if command != "show":
+        argv += ["--out", str(out), "--cache", str(tmp_path / "cache")]
+    err = one_line_error(capsys, argv)
+    assert err.startswith(f"error: {lock}: set 'tiny' package ") and message in err, err
+    assert err.endswith(RESOLVE_FIX), err
+    assert not out.exists() and leftovers(tmp_path, "out") == [] and not (tmp_path / "cache").exists()
+
+
+def test_every_subcommand_loads_through_the_validation(tmp_path: Path, deb_lock: tuple[Path, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    lock, _ = deb_lock
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text("")
+    break_first_entry(lock, "name", "../../libkeyutils1")
+    before = lock.read_bytes()
+    for argv in (["mirror", str(tmp_path / "mirror"), "--set", "tiny"], ["key", "--set", "tiny"],
+                 ["check-root", "--set", "tiny", "--root", str(root)],
+                 ["resolve", "--set", "tiny", "--no-verify-signature"]):
+        err = one_line_error(capsys, argv + ["--lock", str(lock)])
+        assert "package '../../libkeyutils1': not a Debian package name" in err, (argv, err)
+    assert not (tmp_path / "mirror").exists() and lock.read_bytes() == before
+
+
+@pytest.mark.parametrize("stanza_text, message", [
+    (stanza("tzdata", "2024a beta"), "package tzdata: version '2024a beta' is not a Debian version"),
+    (stanza("tzdata", "2024a", arch="arm64"), "package tzdata: architecture 'arm64' is neither the set's 'amd64'"),
+    (stanza("tzdata", "2024a").replace("Filename: pool/main/t/", "Filename: pool/main/t/./"),
+     "package tzdata: filename 'pool/main/t/./tzdata/tzdata_2024a_amd64.deb' is not a pool path"),
+], ids=["version", "architecture", "filename"])
+def test_resolve_never_writes_an_entry_the_loader_refuses(stanza_text: str, message: str, tmp_path: Path) -> None:
+    archive = make_archive(tmp_path / "archive", {"bookworm": stanza_text})
+    lock = tmp_path / "debian.lock.json"
+    with pytest.raises(UserError, match=re.escape(message)):
+        debian.main(["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
+                     "--packages", "tzdata", "--no-verify-signature"])
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("roots", ["hello", "Hello"], "root 'Hello' is neither a Debian package name"),
+    ("exclude", {"x\ny": "a reason"}, "excluded name 'x\\ny' is not a Debian package name"),
+    ("suites", ["../../etc"], "suite '../../etc' is not a suite name"),
+    ("architecture", "amd64\n", "architecture 'amd64\\n' is not a Debian architecture name"),
+])
+def test_set_inputs_are_validated_at_load(field: str, value: object, message: str, deb_lock: tuple[Path, Path]) -> None:
+    lock, _ = deb_lock
+    data = json.loads(lock.read_text())
+    data["sets"]["tiny"][field] = value
+    lock.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=re.escape(message)):
+        debian.load_set(lock, "tiny")
+
+
+def test_version_syntax_follows_policy() -> None:
+    good = ["1.0", "1.0-1", "1:2.36-9+deb12u7", "1.0~rc1-0~bpo12+1", "2024a-0+deb12u1", "1.0-1-2", "0"]
+    bad = ["", "v1", "1.0-", "-1", ":1.0", "a:1.0", "1:2:3", "1.0 1", "1.0_1", "1.0-a_b", "1.0\n", "1.0-1\n"]
+    assert [v for v in good if not debian.is_version(v)] == []
+    assert [v for v in bad if debian.is_version(v)] == []
 
 
 def test_content_key_follows_the_entries(deb_lock: tuple[Path, Path]) -> None:
