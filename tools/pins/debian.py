@@ -119,14 +119,19 @@ def _compare_part(a: str, b: str) -> int:
     return 0
 
 
-def _split_version(v: str) -> tuple[int, str, str]:
+def _version_parts(v: str) -> tuple[str, str, str | None]:
+    """(epoch, upstream, revision) as written: epoch "0" without a colon, revision None without a
+    hyphen (the last hyphen starts the revision)."""
     epoch, sep, rest = v.partition(":")
     if not sep:
         epoch, rest = "0", v
     upstream, sep, revision = rest.rpartition("-")
-    if not sep:
-        upstream, revision = rest, ""
-    return int(epoch or "0"), upstream, revision
+    return (epoch, upstream, revision) if sep else (epoch, rest, None)
+
+
+def _split_version(v: str) -> tuple[int, str, str]:
+    epoch, upstream, revision = _version_parts(v)
+    return int(epoch or "0"), upstream, revision or ""
 
 
 _EPOCH_RE = re.compile(r"[0-9]+")
@@ -136,15 +141,10 @@ _REVISION_RE = re.compile(r"[A-Za-z0-9.+~]+")
 
 def is_version(v: str) -> bool:
     """Debian Policy 5.6.12: [epoch:]upstream_version[-debian_revision]; the upstream part starts
-    with a digit and holds a hyphen only when a revision follows (the last hyphen starts it)."""
-    epoch, sep, rest = v.partition(":")
-    if not sep:
-        epoch, rest = "0", v
-    upstream, sep, revision = rest.rpartition("-")
-    if not sep:
-        upstream, revision = rest, ""
+    with a digit and holds a hyphen only when a revision follows."""
+    epoch, upstream, revision = _version_parts(v)
     return bool(_EPOCH_RE.fullmatch(epoch) and _UPSTREAM_RE.fullmatch(upstream)
-                and (not sep or _REVISION_RE.fullmatch(revision)))
+                and (revision is None or _REVISION_RE.fullmatch(revision)))
 
 
 def is_pool_path(filename: str) -> bool:
