@@ -328,9 +328,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       check=True, capture_output=True, text=True).stdout.strip():
         log(f"note: uncommitted changes in {REPO_ROOT} are not part of the proof (it clones HEAD)")
 
-    def on_term(_sig, _frame):
-        raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
-    signal.signal(signal.SIGTERM, on_term)
     work = Path(tempfile.mkdtemp(prefix="kimi-k3-remote-cache-",
                                  dir=str(args.work) if args.work else "/tmp"))
     nginx = Nginx(work)

@@ -143,8 +143,8 @@ def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
     rows = [("PIN", "KIND", "SIZE", "SHA256/COMMIT", "SOURCE")]
     for pin in lock.pins.values():
         if isinstance(pin, FilePin):
-            size = human_bytes(pin.size) if pin.size is not None else "?"
-            rows.append((pin.name, pin.kind, size, pin.sha256[:16], urllib.parse.urlparse(pin.urls[0]).netloc))
+            rows.append((pin.name, pin.kind, human_bytes(pin.size), pin.sha256[:16],
+                         urllib.parse.urlparse(pin.urls[0]).netloc))
         elif isinstance(pin, GitDiffPin):
             rows.append((pin.name, pin.kind, "", f"{pin.parent[:8]}..{pin.commit[:8]}", pin.repository))
         else:
@@ -154,7 +154,7 @@ def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     for stack in lock.stacks.values():
         files = [lock.pins[n] for n in stack.pin_names()]
-        total = sum(p.size or 0 for p in files if isinstance(p, FilePin))
+        total = sum(p.size for p in files if isinstance(p, FilePin))
         print(f"stack {stack.name}: {len(files)} pins ({len(stack.wheels)} wheels), {human_bytes(total)} of files")
     raw = lockfile.read_raw(lock.path)
     if lock.path.read_text(encoding="utf-8") != lockfile.canonical_text(raw):

@@ -50,6 +50,7 @@ class Route:
     chunk_delay_s: float = 0.02
     announce: int | None = None  # a Content-Length other than len(body)
     repeat: int = 1
+    endless_delay_s: float = 0.0  # between repeats of an endless body (a download still running)
 
 
 @dataclass
@@ -100,6 +101,7 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                     for _ in range(route.repeat):  # bounded, so a broken fetcher cannot fill the disk
                         self.wfile.write(route.body)
                         server.sent[path] += len(route.body)
+                        time.sleep(route.endless_delay_s)
                     self.wfile.flush()
                     server.ended[path] = "complete"
                 except (BrokenPipeError, ConnectionResetError):
@@ -278,7 +280,7 @@ GOOD_SHA = "a" * 64
 
 
 def good_file_pin() -> dict[str, Any]:
-    return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": GOOD_SHA}
+    return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": GOOD_SHA, "size": 1}
 
 
 @pytest.mark.parametrize(
@@ -557,6 +559,45 @@ def test_content_length_above_the_pinned_size_is_refused_before_the_body(tmp_pat
     assert f"Content-Length {len(big)} is more than 300000 bytes, the lock's size" in message
     assert "not downloaded" in message and server.hits["/a.bin"] == 1
     assert cas_entries(cache) == [] and tmp_entries(cache) == []
+
+
+def test_a_pin_without_size_is_refused_before_any_download(tmp_path: Path, server: Server) -> None:
+    # The size caps every read of a source; without it an endless body would go to disk unbounded.
+    server.routes["/a.bin"] = Route(os.urandom(64 * 1024), mode="endless", repeat=1024)
+    pin = file_pin(server.url("/a.bin"), b"the pinned bytes")
+    del pin["size"]
+    lock = write_lock(tmp_path, {"a": pin})
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a"])
+    message = one_line(e.value)
+    assert message.startswith(f"{lock}: pin 'a': size is missing") and "add-pypi" in message, message
+    assert server.hits == {} and not cache.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_download_leaves_no_part_file(tmp_path: Path, server: Server, signum: int) -> None:
+    """SIGTERM (what `kill`, Bazel and CI send) and Ctrl-C unwind the fetcher: the `.part` goes."""
+    server.routes["/a.bin"] = Route(os.urandom(64 * 1024), mode="endless", repeat=1600, endless_delay_s=0.01)
+    lock = write_lock(tmp_path, {"a": {**file_pin(server.url("/a.bin"), b"x"), "size": 1 << 30}})
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen(fetch_cmd(lock, cache, "a"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(p.stat().st_size > 0 for p in tmp_entries(cache)):
+            assert time.monotonic() < deadline and proc.poll() is None, "download never started"
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    expected = "error: terminated by SIGTERM" if signum == signal.SIGTERM else "error: interrupted"
+    assert proc.returncode == 128 + signum and err.splitlines()[-1] == expected, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert tmp_entries(cache) == [] and cas_entries(cache) == []
+    assert wait_ended(server, "/a.bin") == "cut"
 
 
 def test_oversized_mirror_file_is_read_only_to_size_plus_one(tmp_path: Path, server: Server,
