@@ -7,14 +7,17 @@ cleanup (temp files, `.part` downloads, child processes) runs when a CLI is told
 """
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Callable, Sequence
 
 # Signals that ask a process to stop; the default action would exit without any cleanup.
 TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class UserError(Exception):
@@ -27,6 +30,14 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def cannot_write(path: Path, error: OSError, *, no_space_fix: str, access_fix: str) -> UserError:
+    """The one line for an OSError while writing `path`: a full disk (or quota) with
+    `no_space_fix`, anything else (permission, read-only file system) with `access_fix`."""
+    if error.errno in NO_SPACE_ERRNOS:
+        return UserError(f"no space left on device writing {path}: free space or {no_space_fix}")
+    return UserError(f"cannot write {path} ({error.strerror or error}): {access_fix}")
 
 
 def _raise_terminated(signum: int, _frame: FrameType | None) -> None:

@@ -92,13 +92,16 @@ def selected_pins(lock: Lock, stacks: Sequence[str], pins: Sequence[str]) -> lis
 
 def mirror_file(src: Path, dest: Path, sha256: str, size: int | None) -> str:
     """Copy a verified file into the mirror unless an identical one is there (re-verified, so a
-    corrupt or truncated copy is replaced); returns what was done."""
+    corrupt, truncated or unreadable copy is replaced); returns what was done."""
     note = "written"
-    if dest.is_file():
-        if (size is None or dest.stat().st_size == size) and sha256_file(dest) == sha256:
-            return "present"
-        note = "replaced a corrupt copy"
-    place_file(src, dest, link=False)
+    try:
+        if dest.is_file():
+            if (size is None or dest.stat().st_size == size) and sha256_file(dest) == sha256:
+                return "present"
+            note = "replaced a corrupt copy"
+    except OSError:
+        note = "replaced an unreadable copy"
+    place_file(src, dest, link=False, option="the mirror")
     return note
 
 
@@ -303,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UserError("mirror: name the directory to fill: `python3 -m tools.fetch mirror --mirror DIR` or `python3 -m tools.fetch mirror DIR`")
             args.mirror_dir = args.mirror[0]
     lock = lockfile.load(args.lock)
-    cache = Cache(Path(args.cache) if args.cache else cache_env.cache_root())
+    cache = Cache(Path(args.cache) if args.cache else cache_env.cache_root(), option="--cache" if args.cache else None)
     if args.command in CACHE_COMMANDS:
         what = "--cache" if args.cache else (cache_env.ENV if os.environ.get(cache_env.ENV) else "cache directory")
         check_writable_path(cache.root, what, directory=True)
