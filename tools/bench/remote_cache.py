@@ -1,6 +1,7 @@
 """End-to-end proof that the kernel cache is shared through a remote HTTP cache (not a test).
 
-    python3 -m tools.bench.remote_cache [--only silu_and_mul,norm] [--keep]
+    python3 -m tools.bench.remote_cache [--only silu_and_mul,norm] [--stack pypi] [--keep]
+    python3 -m tools.bench.remote_cache --corrupt-blob [--only silu_and_mul] [--stack pypi]
 
 It starts Debian's nginx (WebDAV PUT) on 127.0.0.1 as a Bazel HTTP cache, clones HEAD of this
 repository twice (checkouts A and B, in different directories), builds
@@ -12,6 +13,13 @@ holds a fresh output root's repository fetch and analysis). Prints a table; exit
 a compile or link action (or A ran none, which would prove nothing), naming the first part of
 the action key (argument, environment variable, input) that differs from A's spawn with the
 same outputs. nginx and the temp dirs go away on every exit path (--keep keeps the dirs).
+
+--corrupt-blob instead builds in A, flips one bit of one CAS blob on the server (the first
+module's .so), and runs a sequence of builds in B whose assemble action runs locally and so needs
+that blob: Bazel must name the digest and stay failed through its retries, --noremote_accept_cached
+and `bazel clean`; deleting the blob on the server, or `bazel clean` plus one build with
+--noremote_accept_cached, must rebuild it with the correct bytes (B's output and the server's
+blob); README "Remote cache" says why.
 
 It installs nothing: nginx must be on PATH (`apt-get install nginx`; Debian's has the dav
 module). It drives Bazel itself (two output roots, two servers), so it is not a py_test, and it
@@ -37,6 +45,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET = "//kernel_cache:sm120_cache"
@@ -172,21 +181,24 @@ def bazel_env(out_root: Path) -> dict:
     return env
 
 
-def run_bazel(name: str, checkout: Path, out_root: Path, args: Sequence[str]) -> dict:
+def run_bazel(name: str, checkout: Path, out_root: Path, args: Sequence[str], *, check: bool = True) -> dict:
     """Run tools/bazel in `checkout`, echoing its output prefixed.
 
     Returns wall seconds (server start and repository fetches included: the output root is
-    fresh), Bazel's own elapsed and critical-path seconds, and its process summary line.
+    fresh), Bazel's own elapsed and critical-path seconds, its process summary line, its exit
+    code and its output lines. A non-zero exit is a UserError unless check=False.
     """
     cmd = [str(checkout / "tools" / "bazel"), *args]
     log(f"[{name}] {' '.join(cmd[1:])}")
     t0 = time.monotonic()
     summary, elapsed, critical = "", float("nan"), float("nan")
+    lines: list[str] = []
     proc = subprocess.Popen(cmd, cwd=checkout, env=bazel_env(out_root), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = raw.decode(errors="replace").rstrip()
+        lines.append(line)
         if SUMMARY_RE.search(line):
             summary = SUMMARY_RE.search(line).group(0)
         m = ELAPSED_RE.search(line)
@@ -195,10 +207,11 @@ def run_bazel(name: str, checkout: Path, out_root: Path, args: Sequence[str]) ->
         print(f"  [{name} {time.monotonic() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
     rc = proc.wait()
     secs = time.monotonic() - t0
-    if rc != 0:
+    if rc != 0 and check:
         raise UserError(f"checkout {name}: `tools/bazel {args[0]}` failed (exit {rc}); "
                         "see its output above")
-    return {"wall": secs, "elapsed": elapsed, "critical": critical, "summary": summary}
+    return {"wall": secs, "elapsed": elapsed, "critical": critical, "summary": summary, "rc": rc,
+            "lines": lines}
 
 
 def read_exec_log(path: Path) -> Iterator[dict]:
@@ -307,18 +320,160 @@ def report(rows: list, spawns: dict[str, list[dict]], only: str, head: str) -> i
     return 0
 
 
+def clone(work: Path, name: str, head: str) -> tuple[Path, Path]:
+    """A fresh clone of HEAD (checkout<name>) and an empty output root (out<name>) under `work`."""
+    checkout, out_root = work / f"checkout{name}", work / f"out{name}"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO_ROOT), str(checkout)], check=True)
+    subprocess.run(["git", "-C", str(checkout), "checkout", "--quiet", head], check=True)
+    out_root.mkdir()
+    return checkout, out_root
+
+
+def build_args(url: str, only: str, stack_args: Sequence[str], *extra: str) -> list[str]:
+    return ["build", TARGET, f"--//kernel_cache:only={only}", *stack_args,
+            "--config=remote-cache", f"--remote_cache={url}",
+            # Only the remote cache may serve hits: no disk cache from any other rc file.
+            "--disk_cache=", "--curses=no", "--color=no", "--show_progress_rate_limit=20", *extra]
+
+
+def sharing_proof(work: Path, nginx: Nginx, url: str, head: str, only: str, stack_args: Sequence[str],
+                  started: list[tuple[Path, Path]]) -> tuple[list, dict[str, list[dict]]]:
+    """Build in A, then in B; the table's rows and each checkout's spawns."""
+    rows = []
+    spawns: dict[str, list[dict]] = {}
+    for name in ("A", "B"):
+        checkout, out_root = clone(work, name, head)
+        exec_log = work / f"exec{name}.json"
+        started.append((checkout, out_root))
+        res = run_bazel(name, checkout, out_root, build_args(
+            url, only, stack_args, f"--execution_log_json_file={exec_log}", "--execution_log_sort=false"))
+        spawns[name] = list(read_exec_log(exec_log))
+        t = tally(spawns[name])
+        blobs, size = nginx.stored()
+        rows.append((name, res, t, blobs, size))
+        log(f"[{name}] done in {res['wall']:.0f} s: {res['summary'] or 'no process summary'}; "
+            f"cache holds {blobs} blobs, {size / 2**20:.1f} MiB")
+    return rows, spawns
+
+
+# --corrupt-blob: B's assemble action runs outside the remote cache, as any consumer that runs
+# locally does (a target the cache never saw, a no-remote action): it needs the module .so, which
+# the remote cache hit of its link left on the server only (--remote_download_toplevel). A corrupt
+# top-level output would not show the trap: Bazel downloads it at the hit, sees the mismatch and
+# runs that action locally instead.
+LOCAL_CONSUMER = "--modify_execution_info=KernelCacheAssemble=+no-remote-cache"
+MISMATCH_RE = re.compile(r"Expected digest '([0-9a-f]{64})/\d+' does not match received digest '([0-9a-f]{64})/\d+'")
+
+
+def link_output(spawns: list[dict], module: str) -> tuple[str, int]:
+    """(sha256, size) of `module`'s .so as checkout A's link action produced (and uploaded) it."""
+    for spawn in spawns:
+        if spawn.get("mnemonic") != "KernelCacheLink":
+            continue
+        for out in spawn.get("actualOutputs", []):
+            if out.get("path", "").endswith(f"/{module}.so") and out.get("digest"):
+                return out["digest"]["hash"], int(out["digest"]["sizeBytes"])
+    raise UserError(f"checkout A's execution log has no KernelCacheLink output {module}.so: was it a cache "
+                    "hit from an earlier run? (the proof needs an empty cache)")
+
+
+def sha256_of(path: Path) -> str | None:
+    return sha256_file(path) if path.is_file() else None
+
+
+def corrupt_blob_proof(work: Path, nginx: Nginx, url: str, head: str, only: str, stack_args: Sequence[str],
+                       started: list[tuple[Path, Path]]) -> int:
+    """A fills the cache; one CAS blob (a module .so) is corrupted on the server; B shows that
+    Bazel names its digest and stays failed (retries, --noremote_accept_cached, bazel clean), and
+    that each documented recovery rebuilds with the correct bytes. Prints a table; 0 when every
+    step ended as expected."""
+    module = only.split(",")[0]
+    checkout_a, out_a = clone(work, "A", head)
+    started.append((checkout_a, out_a))
+    exec_log = work / "execA.json"
+    run_bazel("A", checkout_a, out_a, build_args(url, only, stack_args, f"--execution_log_json_file={exec_log}",
+                                                 "--execution_log_sort=false"))
+    digest, size = link_output(list(read_exec_log(exec_log)), module)
+    blob = nginx.dir / "store" / "cas" / digest
+    good = blob.read_bytes()
+    if len(good) != size:
+        raise UserError(f"nginx holds {len(good)} bytes for cas/{digest}, A's log says {size}")
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x01  # same size, one bit: only the digest check can tell
+    log(f"corrupting cas/{digest} ({module}.so, {size} bytes) on the server")
+    checkout_b, out_b = clone(work, "B", head)
+    started.append((checkout_b, out_b))
+    so_b = checkout_b / "bazel-bin" / "kernel_cache" / f"{TARGET.split(':')[1]}_aot" / "flashinfer" / "data" / \
+        "aot" / module / f"{module}.so"
+
+    def corrupt() -> None:
+        blob.write_bytes(bytes(bad))
+
+    def delete_blob() -> None:
+        blob.unlink()
+
+    def clean() -> None:
+        run_bazel("B", checkout_b, out_b, ["clean"])
+
+    # (what was done, before the build, extra build flags, whether the build must pass)
+    steps = [
+        ("corrupt blob on the server; build", corrupt, [], False),
+        ("build again with --noremote_accept_cached", None, ["--noremote_accept_cached"], False),
+        ("RECOVERY: delete cas/<digest> on the server; build", delete_blob, [], True),
+        ("corrupt it again; bazel clean; build", lambda: (corrupt(), clean()), [], False),
+        ("RECOVERY without server access: bazel clean; build with --noremote_accept_cached", clean,
+         ["--noremote_accept_cached"], True),
+    ]
+    rows = []
+    for what, before, extra, must_pass in steps:
+        if before is not None:
+            before()
+        res = run_bazel("B", checkout_b, out_b, build_args(url, only, stack_args, LOCAL_CONSUMER, *extra),
+                        check=False)
+        named = any((m := MISMATCH_RE.search(line)) and m.group(1) == digest for line in res["lines"])
+        retries = sum("retrying the build" in line for line in res["lines"])
+        server_ok, b_ok = sha256_of(blob) == digest, sha256_of(so_b) == digest
+        ok = (res["rc"] == 0) == must_pass and (not must_pass or (server_ok and b_ok)) and (must_pass or named)
+        rows.append((what, res, named, retries, server_ok, b_ok, must_pass, ok))
+        log(f"[B] {what}: exit {res['rc']}, digest named: {named}, server blob correct: {server_ok}")
+
+    print(f"\nCorrupt CAS blob: {TARGET} --//kernel_cache:only={only} {' '.join(stack_args)}, HEAD {head[:12]}; "
+          f"cas/{digest} ({module}.so, {size} bytes) with one bit flipped on the nginx server; checkout B "
+          f"builds with {LOCAL_CONSUMER}\n")
+    print("| step (checkout B) | exit | Bazel named the digest | build retries | server blob correct "
+          "| B's module .so correct | expected | as expected |")
+    print("|---|---:|---|---:|---|---|---|---|")
+    for what, res, named, retries, server_ok, b_ok, must_pass, ok in rows:
+        print(f"| {what} | {res['rc']} | {'yes' if named else 'no'} | {retries} | {'yes' if server_ok else 'no'} | "
+              f"{'yes' if b_ok else 'no'} | {'passes' if must_pass else 'fails'} | {'yes' if ok else 'NO'} |")
+    if not all(row[-1] for row in rows):
+        print("FAIL: a step did not end as expected (see the table)")
+        return 1
+    print("OK: Bazel detects the corrupt blob and names its digest, but neither its retries, "
+          "--noremote_accept_cached nor bazel clean get past it; deleting the blob on the server (or, without "
+          "server access, bazel clean plus one build with --noremote_accept_cached) rebuilds it with the "
+          "correct bytes, on the server too")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m tools.bench.remote_cache",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="silu_and_mul,norm",
-                    help="kernel-cache modules to build (--//kernel_cache:only); default %(default)s")
+    ap.add_argument("--only", help="kernel-cache modules to build (--//kernel_cache:only); default "
+                    "silu_and_mul,norm, with --corrupt-blob silu_and_mul")
+    ap.add_argument("--stack", choices=("default", "pypi"), default="default",
+                    help="the stack to build (pypi: --config=pypi, no FlashInfer #4460 mirror needed)")
+    ap.add_argument("--corrupt-blob", action="store_true",
+                    help="corrupt one CAS blob on the server and prove detection and the documented recovery")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs (clones, logs, store)")
     ap.add_argument("--work", type=Path, help="parent of the temp dir (default: /tmp)")
     args = ap.parse_args(argv)
-    only = ",".join(m.strip() for m in args.only.split(",") if m.strip())
+    default_only = "silu_and_mul" if args.corrupt_blob else "silu_and_mul,norm"
+    only = ",".join(m.strip() for m in (args.only or default_only).split(",") if m.strip())
     if not only:
         raise UserError("--only is empty: name modules, e.g. --only silu_and_mul,norm "
                         "(the whole plan takes hours on a small host)")
+    stack_args = ["--config=pypi"] if args.stack == "pypi" else []
     if not (REPO_ROOT / ".git").exists():
         raise UserError(f"{REPO_ROOT} is not a git checkout: the proof clones HEAD; run it from one")
     head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], check=True,
@@ -328,39 +483,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       check=True, capture_output=True, text=True).stdout.strip():
         log(f"note: uncommitted changes in {REPO_ROOT} are not part of the proof (it clones HEAD)")
 
-    def on_term(_sig, _frame):
-        raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
-    signal.signal(signal.SIGTERM, on_term)
     work = Path(tempfile.mkdtemp(prefix="kimi-k3-remote-cache-",
                                  dir=str(args.work) if args.work else "/tmp"))
     nginx = Nginx(work)
     started: list[tuple[Path, Path]] = []  # (checkout, output root) with a Bazel server
-    rows = []
     try:
         url = nginx.start()
         log(f"nginx {url} (storage {nginx.dir}/store); clones of HEAD {head[:12]} in {work}")
-        spawns: dict[str, list[dict]] = {}
-        for name in ("A", "B"):
-            checkout, out_root = work / f"checkout{name}", work / f"out{name}"
-            subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO_ROOT),
-                            str(checkout)], check=True)
-            subprocess.run(["git", "-C", str(checkout), "checkout", "--quiet", head], check=True)
-            out_root.mkdir()
-            exec_log = work / f"exec{name}.json"
-            started.append((checkout, out_root))
-            res = run_bazel(name, checkout, out_root, [
-                "build", TARGET, f"--//kernel_cache:only={only}",
-                "--config=remote-cache", f"--remote_cache={url}",
-                # Only the remote cache may serve hits: no disk cache from any other rc file.
-                "--disk_cache=",
-                f"--execution_log_json_file={exec_log}", "--execution_log_sort=false",
-                "--curses=no", "--color=no", "--show_progress_rate_limit=20"])
-            spawns[name] = list(read_exec_log(exec_log))
-            t = tally(spawns[name])
-            blobs, size = nginx.stored()
-            rows.append((name, res, t, blobs, size))
-            log(f"[{name}] done in {res['wall']:.0f} s: {res['summary'] or 'no process summary'}; "
-                f"cache holds {blobs} blobs, {size / 2**20:.1f} MiB")
+        if args.corrupt_blob:
+            return corrupt_blob_proof(work, nginx, url, head, only, stack_args, started)
+        rows, spawns = sharing_proof(work, nginx, url, head, only, stack_args, started)
     finally:
         for checkout, out_root in started:
             subprocess.run([str(checkout / "tools" / "bazel"), "shutdown"], cwd=checkout,

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from tools.common.errors import UserError
+from tools.common.errors import UserError, cannot_write
 from tools.common.files import write_text_atomic
 from tools.common.hashing import sha256_file
 from tools.pins.lock import is_sha256
@@ -35,8 +35,29 @@ class Cache:
     """`<root>/cas/sha256/<hex>` files, `tmp/` for partial writes, `locks/` for flocks,
     `git/<sha256(url)>.git` bare repositories, `index/git_tree/<tree>` -> sha256 of its tar."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, option: str | None = None) -> None:
+        """`option`: the flag that chose `root` (e.g. "--cache"), for the fix in error messages;
+        None when it came from KIMI_K3_CACHE or the default."""
         self.root = root.absolute()
+        self.option = option
+
+    def write_failed(self, error: OSError, path: Path) -> UserError:
+        """The one line for a failed write under the cache: a full disk is the cache's problem,
+        never a source's (so never retried as a network error)."""
+        if self.option:
+            elsewhere, writable = f"pass a {self.option} on a larger disk", f"pass a writable {self.option}"
+        else:
+            elsewhere, writable = "set KIMI_K3_CACHE to a larger disk", "set KIMI_K3_CACHE to a writable directory"
+        return cannot_write(path, error, no_space_fix=elsewhere,
+                            access_fix=f"make {self.root} writable for this user, or {writable}")
+
+    @contextlib.contextmanager
+    def writing(self, path: Path) -> Iterator[None]:
+        """Turn an OSError of the statements inside into write_failed (naming the file it names)."""
+        try:
+            yield
+        except OSError as e:
+            raise self.write_failed(e, Path(e.filename) if e.filename else path) from None
 
     def cas_path(self, sha256: str) -> Path:
         # The name is a path component: anything but 64 hex digits could point outside the cache.
@@ -46,7 +67,8 @@ class Cache:
 
     def tmp_dir(self) -> Path:
         path = self.root / "tmp"
-        path.mkdir(parents=True, exist_ok=True)
+        with self.writing(path):
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     @contextlib.contextmanager
@@ -54,9 +76,11 @@ class Cache:
         """Exclusive flock for one entry; lock files stay (deleting them would race waiters)."""
         if not _LOCK_KEY_RE.fullmatch(key):
             raise ValueError(f"not a cache lock key: {key!r}")  # keys name files under locks/
-        locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{key}.lock", "a") as f:
+        path = self.root / "locks" / f"{key}.lock"
+        with self.writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a")
+        with f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -66,17 +90,29 @@ class Cache:
     def clean_stale_temps(self, key: str) -> None:
         """Remove temp files a killed fetch of `key` left behind (call with the key's lock held)."""
         for stale in self.tmp_dir().glob(f"{key}.*.part"):
-            stale.unlink(missing_ok=True)
+            with self.writing(stale):
+                stale.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def temp_file(self, key: str) -> Iterator[tuple[Path, IO[bytes]]]:
         """A temp file in the cache (same filesystem as cas/, so the final rename is atomic);
-        removed on any failure."""
-        fd, name = tempfile.mkstemp(prefix=f"{key}.", suffix=".part", dir=self.tmp_dir())
+        removed on every exit that is not a commit: an exception, Ctrl-C, SIGTERM (run_cli)."""
+        tmp_dir = self.tmp_dir()
+        with self.writing(tmp_dir):
+            fd, name = tempfile.mkstemp(prefix=f"{key}.", suffix=".part", dir=tmp_dir)
         path = Path(name)
+        f = os.fdopen(fd, "wb")
         try:
-            with os.fdopen(fd, "wb") as f:
-                yield path, f
+            yield path, f
+        except BaseException:
+            # close() flushes what a failed write left buffered, and on a full disk fails again:
+            # that must not replace the error being raised.
+            with contextlib.suppress(OSError):
+                f.close()
+            raise
+        else:
+            with self.writing(path):
+                f.close()
         finally:
             path.unlink(missing_ok=True)
 
@@ -85,10 +121,11 @@ class Cache:
         Not tools.common.files: the bytes were streamed (GBs) and hashed into `tmp` already, and
         the entry must be fsynced, then renamed, then its directory fsynced."""
         dest = self.cas_path(sha256)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, dest)
-        fsync_dir(dest.parent)
+        with self.writing(dest):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+            fsync_dir(dest.parent)
         return dest
 
     def verified_entry(self, sha256: str, what: str, evict_hint: str) -> Path | None:
@@ -108,7 +145,8 @@ class Cache:
         with self.locked(key):
             path = self.cas_path(sha256)
             if path.exists():
-                path.unlink()
+                with self.writing(path):
+                    path.unlink()
                 return path
         return None
 
@@ -130,4 +168,5 @@ class Cache:
 
     def record_tree(self, tree: str, sha256: str) -> None:
         """Point the tree index at the CAS entry of the tree's tar (fsynced: it names an entry)."""
-        write_text_atomic(self.tree_index(tree), sha256 + "\n", fsync=True)
+        with self.writing(self.tree_index(tree)):
+            write_text_atomic(self.tree_index(tree), sha256 + "\n", fsync=True)

@@ -92,13 +92,16 @@ def selected_pins(lock: Lock, stacks: Sequence[str], pins: Sequence[str]) -> lis
 
 def mirror_file(src: Path, dest: Path, sha256: str, size: int | None) -> str:
     """Copy a verified file into the mirror unless an identical one is there (re-verified, so a
-    corrupt or truncated copy is replaced); returns what was done."""
+    corrupt, truncated or unreadable copy is replaced); returns what was done."""
     note = "written"
-    if dest.is_file():
-        if (size is None or dest.stat().st_size == size) and sha256_file(dest) == sha256:
-            return "present"
-        note = "replaced a corrupt copy"
-    place_file(src, dest, link=False)
+    try:
+        if dest.is_file():
+            if (size is None or dest.stat().st_size == size) and sha256_file(dest) == sha256:
+                return "present"
+            note = "replaced a corrupt copy"
+    except OSError:
+        note = "replaced an unreadable copy"
+    place_file(src, dest, link=False, option="the mirror")
     return note
 
 
@@ -143,8 +146,8 @@ def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
     rows = [("PIN", "KIND", "SIZE", "SHA256/COMMIT", "SOURCE")]
     for pin in lock.pins.values():
         if isinstance(pin, FilePin):
-            size = human_bytes(pin.size) if pin.size is not None else "?"
-            rows.append((pin.name, pin.kind, size, pin.sha256[:16], urllib.parse.urlparse(pin.urls[0]).netloc))
+            rows.append((pin.name, pin.kind, human_bytes(pin.size), pin.sha256[:16],
+                         urllib.parse.urlparse(pin.urls[0]).netloc))
         elif isinstance(pin, GitDiffPin):
             rows.append((pin.name, pin.kind, "", f"{pin.parent[:8]}..{pin.commit[:8]}", pin.repository))
         else:
@@ -154,7 +157,7 @@ def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     for stack in lock.stacks.values():
         files = [lock.pins[n] for n in stack.pin_names()]
-        total = sum(p.size or 0 for p in files if isinstance(p, FilePin))
+        total = sum(p.size for p in files if isinstance(p, FilePin))
         print(f"stack {stack.name}: {len(files)} pins ({len(stack.wheels)} wheels), {human_bytes(total)} of files")
     raw = lockfile.read_raw(lock.path)
     if lock.path.read_text(encoding="utf-8") != lockfile.canonical_text(raw):
@@ -303,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UserError("mirror: name the directory to fill: `python3 -m tools.fetch mirror --mirror DIR` or `python3 -m tools.fetch mirror DIR`")
             args.mirror_dir = args.mirror[0]
     lock = lockfile.load(args.lock)
-    cache = Cache(Path(args.cache) if args.cache else cache_env.cache_root())
+    cache = Cache(Path(args.cache) if args.cache else cache_env.cache_root(), option="--cache" if args.cache else None)
     if args.command in CACHE_COMMANDS:
         what = "--cache" if args.cache else (cache_env.ENV if os.environ.get(cache_env.ENV) else "cache directory")
         check_writable_path(cache.root, what, directory=True)

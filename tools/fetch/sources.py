@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from tools.common.errors import UserError
 from tools.common.progress import Progress
@@ -35,14 +35,17 @@ def mirror_dirs(flags: Sequence[str]) -> list[Path]:
 
 
 class SourceFailed(Exception):
-    """A source could not deliver (absent, unreachable, truncated, wrong bytes): try the next one.
-    `transient` failures (dropped connection, timeout) are worth one more attempt; `corrupt`
-    ones (the source has the file, but wrong bytes or a wrong size) are reported as they happen."""
+    """A source could not deliver (absent, unreachable, unreadable, truncated, wrong bytes): try
+    the next one. `transient` failures (dropped connection, timeout) are worth one more attempt;
+    `corrupt` ones (the source has the file, but wrong bytes or a wrong size) and `unreadable`
+    ones (it is there, but this user may not read it) are reported as they happen."""
 
-    def __init__(self, message: str, *, transient: bool = False, corrupt: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, corrupt: bool = False,
+                 unreadable: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
         self.corrupt = corrupt
+        self.unreadable = unreadable
 
 
 def evict_command(pin: Pin) -> str:
@@ -55,19 +58,21 @@ def hash_mismatch(expected: str, actual: str, source: str) -> SourceFailed:
 
 
 def note_failure(pin_name: str, error: SourceFailed, failures: list[str]) -> bool:
-    """Record a failed source for the final error; a corrupt one is also reported now, since the
-    fetch may still succeed from the next source. Returns whether it was corrupt."""
+    """Record a failed source for the final error; a corrupt or unreadable one is also reported
+    now, since the fetch may still succeed from the next source. Returns whether it was corrupt."""
     failures.append(str(error))
-    if error.corrupt:
+    if error.corrupt or error.unreadable:
         print(f"fetch {pin_name}: warning: {error}; skipping this source", file=sys.stderr, flush=True)
     return error.corrupt
 
 
-def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress,
-                         limit: int | None = None) -> tuple[str, int]:
+def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress, limit: int | None,
+                         write_failed: Callable[[OSError], Exception]) -> tuple[str, int]:
     """Copy `src` to `dst` hashing on the way; returns (sha256 hex, byte count). With `limit`
     (the lock's size) it stops after limit + 1 bytes: an endless or oversized body then costs
-    one byte more than the pin, not the disk, and the count says it was too long."""
+    one byte more than the pin, not the disk, and the count says it was too long. An OSError
+    reading `src` propagates (the source's failure); one writing `dst` (a full disk) raises
+    write_failed(error) instead, so no caller can take it for the source's."""
     digest = hashlib.sha256()
     size = 0
     while True:
@@ -78,12 +83,23 @@ def copy_stream_verified(src: IO[bytes], dst: IO[bytes], progress: Progress,
         if not chunk:
             break
         digest.update(chunk)
-        dst.write(chunk)
+        try:
+            dst.write(chunk)
+        except OSError as e:
+            raise write_failed(e) from None
         size += len(chunk)
         progress.advance(len(chunk))
-    dst.flush()
-    os.fsync(dst.fileno())
+    try:
+        dst.flush()
+        os.fsync(dst.fileno())
+    except OSError as e:
+        raise write_failed(e) from None
     return digest.hexdigest(), size
+
+
+def unreadable_mirror_file(path: Path, error: OSError) -> SourceFailed:
+    return SourceFailed(f"mirror file {path}: cannot read it ({error.strerror or error}: make it and {path.parent} "
+                        "readable for this user, or drop that mirror)", unreadable=True)
 
 
 def check_size(expected: int | None, actual: int, source: str) -> None:
@@ -97,15 +113,23 @@ def check_size(expected: int | None, actual: int, source: str) -> None:
 
 
 def from_mirror_file(cache: Cache, key: str, name: str, sha256: str, size: int | None, path: Path) -> Path:
-    if not path.is_file():
-        raise SourceFailed(f"mirror {path.parent}: no {path.name}")
     source = f"mirror file {path}"
-    on_disk = path.stat().st_size
-    if size is not None and on_disk != size:
-        raise SourceFailed(f"{source}: {on_disk} bytes, the lock says {size} (truncated or wrong file)", corrupt=True)
-    with cache.temp_file(key) as (tmp, out), open(path, "rb") as src:
+    try:
+        if not path.is_file():
+            raise SourceFailed(f"mirror {path.parent}: no {path.name}")
+        on_disk = path.stat().st_size
+        if size is not None and on_disk != size:
+            raise SourceFailed(f"{source}: {on_disk} bytes, the lock says {size} (truncated or wrong file)",
+                               corrupt=True)
+        src = open(path, "rb")
+    except OSError as e:  # e.g. a directory or file this user may not read: the next source may do
+        raise unreadable_mirror_file(path, e) from None
+    with src, cache.temp_file(key) as (tmp, out):
         progress = Progress(f"fetch {name}", on_disk)
-        actual, got = copy_stream_verified(src, out, progress, size)
+        try:
+            actual, got = copy_stream_verified(src, out, progress, size, lambda e: cache.write_failed(e, tmp))
+        except OSError as e:  # reading: writes raise write_failed's UserError
+            raise unreadable_mirror_file(path, e) from None
         check_size(size, got, source)
         if actual != sha256:
             raise hash_mismatch(sha256, actual, source)
@@ -126,7 +150,9 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
                                        "size (wrong file; not downloaded)", corrupt=True)
                 total = int(announced) if announced and announced.isdigit() else size
                 progress = Progress(f"fetch {name}", total)
-                actual, got = copy_stream_verified(response, out, progress, size)
+                # A failed write (a full disk) is a UserError, not an OSError: never a network error.
+                actual, got = copy_stream_verified(response, out, progress, size,
+                                                   lambda e: cache.write_failed(e, tmp))
         except urllib.error.HTTPError as e:
             raise SourceFailed(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:

@@ -62,13 +62,14 @@ class PackageRef:
 
 @dataclass(frozen=True)
 class FilePin:
-    """A file fetched by URL and verified by sha256 (wheels, tarballs)."""
+    """A file fetched by URL and verified by sha256 and size (wheels, tarballs). The size is
+    required: it is the cap on every read of a source, so an endless body cannot fill the disk."""
 
     name: str
     filename: str
     urls: tuple[str, ...]
     sha256: str
-    size: int | None = None
+    size: int
     package: PackageRef | None = None
     description: str = ""
     kind: str = field(default="file", init=False)
@@ -234,9 +235,10 @@ class _Fields:
             raise self.fail(key, "lists a URL twice")
         return tuple(value)
 
-    def optional_size(self, key: str) -> int | None:
+    def size(self, key: str) -> int:
         if key not in self.obj:
-            return None
+            raise self.fail(key, "is missing (a file pin's byte count caps every download): add it, or re-pin with "
+                                 "`python3 -m tools.pins.pypi add-pypi NAME==VERSION`")
         value: object = self.obj[key]
         # bool is an int subclass; `true` is not a size.
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -267,7 +269,7 @@ def _parse_file_pin(name: str, f: _Fields, lock_path: Path) -> FilePin:
         filename=f.text("filename", pattern=_FILENAME_RE, expect="a plain file name (no '/')"),
         urls=f.urls("urls"),
         sha256=f.sha256("sha256"),
-        size=f.optional_size("size"),
+        size=f.size("size"),
         package=package,
         description=f.text("description", required=False),
     )

@@ -193,8 +193,11 @@ def file_pin_entry(page_url: str, entry: dict[str, Any], project: str, version: 
         "urls": [urllib.parse.urljoin(page_url, entry["url"]).split("#")[0]],
         "sha256": sha256,
     }
-    if isinstance(entry.get("size"), int):
-        pin["size"] = entry["size"]
+    if not isinstance(entry.get("size"), int):
+        # The lock requires it: the size caps every download of the pin.
+        raise UserError(f"{page_url}: {entry.get('filename')} has no size on the index; cannot pin it (use an "
+                        "index that lists file sizes, PEP 700)")
+    pin["size"] = entry["size"]
     return pin
 
 
@@ -406,6 +409,9 @@ def add_sizes(pins: dict[str, dict[str, Any]], index_url: str, timeout: float) -
                     raise UserError(f"{page_url}: {pin['filename']} sha256 differs from pip's report; re-run lock-closure")
                 if isinstance(entry.get("size"), int):
                     pin["size"] = entry["size"]
+        if "size" not in pin:  # the lock requires it (the cap on every download)
+            raise UserError(f"{page_url}: lists no size for {pin['filename']}; cannot pin it (use an index that "
+                            "lists file sizes, PEP 700)")
 
 
 def merge_pin(raw_pins: dict[str, Any], name: str, pin: dict[str, Any], lock_path: Path) -> None:
@@ -468,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pin-name")
     p = sub.add_parser("lock-closure", parents=[common])
     p.add_argument("--stack", action="append", required=True)
-    p.add_argument("--no-sizes", action="store_true", help="skip the per-project index queries for sizes")
+    p.add_argument("--no-sizes", action="store_true", help="skip the per-project index queries for sizes (only for a closure whose pins are all in the lock "
+                   "already: a new pin needs its size)")
     args = parser.parse_args(argv)
     if args.command == "add-pypi":
         print(add_pypi_pin(args.lock, args.requirement, platform=args.platform, python=args.python,

@@ -50,6 +50,7 @@ class Route:
     chunk_delay_s: float = 0.02
     announce: int | None = None  # a Content-Length other than len(body)
     repeat: int = 1
+    endless_delay_s: float = 0.0  # between repeats of an endless body (a download still running)
 
 
 @dataclass
@@ -100,6 +101,7 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                     for _ in range(route.repeat):  # bounded, so a broken fetcher cannot fill the disk
                         self.wfile.write(route.body)
                         server.sent[path] += len(route.body)
+                        time.sleep(route.endless_delay_s)
                     self.wfile.flush()
                     server.ended[path] = "complete"
                 except (BrokenPipeError, ConnectionResetError):
@@ -278,7 +280,7 @@ GOOD_SHA = "a" * 64
 
 
 def good_file_pin() -> dict[str, Any]:
-    return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": GOOD_SHA}
+    return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": GOOD_SHA, "size": 1}
 
 
 @pytest.mark.parametrize(
@@ -559,6 +561,45 @@ def test_content_length_above_the_pinned_size_is_refused_before_the_body(tmp_pat
     assert cas_entries(cache) == [] and tmp_entries(cache) == []
 
 
+def test_a_pin_without_size_is_refused_before_any_download(tmp_path: Path, server: Server) -> None:
+    # The size caps every read of a source; without it an endless body would go to disk unbounded.
+    server.routes["/a.bin"] = Route(os.urandom(64 * 1024), mode="endless", repeat=1024)
+    pin = file_pin(server.url("/a.bin"), b"the pinned bytes")
+    del pin["size"]
+    lock = write_lock(tmp_path, {"a": pin})
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", "a"])
+    message = one_line(e.value)
+    assert message.startswith(f"{lock}: pin 'a': size is missing") and "add-pypi" in message, message
+    assert server.hits == {} and not cache.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_download_leaves_no_part_file(tmp_path: Path, server: Server, signum: int) -> None:
+    """SIGTERM (what `kill`, Bazel and CI send) and Ctrl-C unwind the fetcher: the `.part` goes."""
+    server.routes["/a.bin"] = Route(os.urandom(64 * 1024), mode="endless", repeat=1600, endless_delay_s=0.01)
+    lock = write_lock(tmp_path, {"a": {**file_pin(server.url("/a.bin"), b"x"), "size": 1 << 30}})
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen(fetch_cmd(lock, cache, "a"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(p.stat().st_size > 0 for p in tmp_entries(cache)):
+            assert time.monotonic() < deadline and proc.poll() is None, "download never started"
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    expected = "error: terminated by SIGTERM" if signum == signal.SIGTERM else "error: interrupted"
+    assert proc.returncode == 128 + signum and err.splitlines()[-1] == expected, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert tmp_entries(cache) == [] and cas_entries(cache) == []
+    assert wait_ended(server, "/a.bin") == "cut"
+
+
 def test_oversized_mirror_file_is_read_only_to_size_plus_one(tmp_path: Path, server: Server,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     data = os.urandom(100_000)
@@ -711,6 +752,151 @@ def test_bad_out_and_cache_paths_are_one_line_errors(tmp_path: Path, server: Ser
     proc = subprocess.run(fetch_cmd(lock, afile, "a"), capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert afile.read_text() == "x"
+
+
+# Unreadable, unwritable and full places. The tests run as root, whom file modes do not bind: the
+# CLI runs without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from its bounding set before
+# exec), so a mode denies it as it denies any user. A full disk is a 1 MiB tmpfs in a private mount
+# namespace of the CLI's own.
+PR_CAPBSET_DROP = 24
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
+
+
+def without_file_mode_override() -> None:
+    """preexec_fn: drop the capabilities that let root ignore file modes."""
+    if os.geteuid() != 0:
+        return  # file modes already apply
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+
+
+def run_denied(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, preexec_fn=without_file_mode_override,
+                          env={**os.environ, **env}, timeout=60)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *parts: str) -> str:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.splitlines()[-1]
+    assert line.startswith("error: ") and all(part in line for part in parts), (parts, proc.stderr)
+    return line
+
+
+def test_unreadable_mirrors_are_skipped_sources(tmp_path: Path, server: Server) -> None:
+    data = os.urandom(50_000)
+    closed_dir = mirror_with(tmp_path, "closed-dir", data)
+    closed_dir.chmod(0)
+    closed_file = mirror_with(tmp_path, "closed-file", data)
+    (closed_file / "artifact.bin").chmod(0)
+    good = mirror_with(tmp_path, "good", data)
+    try:
+        assert run_denied([sys.executable, "-c", f"open({str(closed_file / 'artifact.bin')!r}).close()"]).returncode, \
+            "the CLI's access is not really denied here"
+        lock = write_lock(tmp_path, {"a": file_pin(closed_port_url(), data)})
+        proc = run_denied([*fetch_cmd(lock, tmp_path / "c", "a"), "--mirror", str(closed_dir), "--mirror",
+                           str(closed_file), "--mirror", str(good)])
+        assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "c" / "cas" / "sha256" / sha(data)), \
+            proc.stderr
+        warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+        assert len(warnings) == 2 and "Traceback" not in proc.stderr, proc.stderr
+        for mirror, line in zip((closed_dir, closed_file), warnings):
+            assert f"mirror file {mirror / 'artifact.bin'}: cannot read it (Permission denied" in line, line
+            assert line.endswith("skipping this source"), line
+        # Then the origin: an unreadable mirror is only a skipped source.
+        server.routes["/a.bin"] = Route(data)
+        lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+        proc = run_denied([*fetch_cmd(lock, tmp_path / "c2", "a"), "--mirror", str(closed_file)])
+        assert proc.returncode == 0 and server.hits["/a.bin"] == 1, proc.stderr
+    finally:
+        closed_dir.chmod(0o755)
+
+
+def test_unwritable_or_dangling_cache_is_one_line_naming_it(tmp_path: Path) -> None:
+    data = b"wheel bytes"
+    mirror = mirror_with(tmp_path, "mirror", data)
+    lock = write_lock(tmp_path, {"a": file_pin(closed_port_url(), data)})
+    cache = tmp_path / "read-only-cache"
+    cache.mkdir(mode=0o555)
+    proc = run_denied([*fetch_cmd(lock, cache, "a"), "--mirror", str(mirror)])
+    assert_one_line_error(proc, f"cannot write {cache / 'locks'} (Permission denied)",
+                          f"make {cache} writable for this user, or pass a writable --cache")
+    proc = run_denied([*FETCH_CLI, "fetch", "--lock", str(lock), "--mirror", str(mirror), "--pin", "a"],
+                      KIMI_K3_CACHE=str(cache))
+    assert_one_line_error(proc, "or set KIMI_K3_CACHE to a writable directory")
+    assert list(cache.iterdir()) == []
+    dangling = tmp_path / "cache-link"
+    dangling.symlink_to(tmp_path / "gone")
+    for value, named in ((dangling, f"KIMI_K3_CACHE {dangling} is a symlink to {tmp_path / 'gone'}"),
+                         (dangling / "sub", f"KIMI_K3_CACHE {dangling / 'sub'}: {dangling} is a symlink to")):
+        proc = subprocess.run([*FETCH_CLI, "fetch", "--lock", str(lock), "--mirror", str(mirror), "--pin", "a"],
+                              capture_output=True, text=True, env={**os.environ, "KIMI_K3_CACHE": str(value)})
+        assert_one_line_error(proc, named, "which does not exist; create its target or use another path")
+    assert not (tmp_path / "gone").exists()
+
+
+def run_on_full_disk(full: Path, argv: list[str], **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run `argv` with a 1 MiB tmpfs mounted at `full` in a mount namespace of its own; returns its
+    result and the files it left on that tmpfs (gone with the namespace)."""
+    full.mkdir(parents=True, exist_ok=True)
+    listing = full.parent / f"{full.name}.left"
+    # Under Bazel this runs chrooted, where / is no mount point and `unshare --propagation private`
+    # fails: the mount holding `full` is made private instead (in the new namespace only), so the
+    # tmpfs never propagates out of it.
+    script = ('top=$(findmnt -n -o TARGET -T "$0") && mount --make-rprivate "$top" && '
+              'mount -t tmpfs -o size=1m kimi-k3-full "$0" || exit 99; '
+              '"$@"; rc=$?; find "$0" -type f | sort > "$0.left"; exit $rc')
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", script, str(full), *argv],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert proc.returncode != 99 and listing.exists(), f"cannot mount a tmpfs here: {proc.stderr}"
+    assert "kimi-k3-full" not in Path("/proc/self/mountinfo").read_text(), "the tmpfs leaked out of its namespace"
+    return proc, listing.read_text().splitlines()
+
+
+NO_SPACE = "no space left on device writing"
+
+
+def test_full_disk_reading_a_mirror_is_one_line_and_leaves_no_part(tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)  # more than the tmpfs holds
+    mirror = mirror_with(tmp_path, "mirror", data)
+    lock = write_lock(tmp_path, {"a": file_pin(closed_port_url(), data)})
+    full = tmp_path / "full"
+    proc, left = run_on_full_disk(full, [*fetch_cmd(lock, full / "cache", "a"), "--mirror", str(mirror)])
+    assert_one_line_error(proc, f"{NO_SPACE} {full / 'cache' / 'tmp'}/",
+                          ".part: free space or pass a --cache on a larger disk")
+    assert "warning" not in proc.stderr, proc.stderr  # not a bad source: the mirror file is fine
+    assert [p for p in left if "/locks/" not in p] == [], left  # entry lock files stay by design
+
+
+def test_full_disk_downloading_is_not_a_network_error(tmp_path: Path, server: Server) -> None:
+    data = os.urandom(3 << 20)
+    server.routes["/a.bin"] = Route(data)
+    lock = write_lock(tmp_path, {"a": file_pin(server.url("/a.bin"), data)})
+    full = tmp_path / "full"
+    proc, left = run_on_full_disk(full, [*FETCH_CLI, "fetch", "--lock", str(lock), "--pin", "a"],
+                                  KIMI_K3_CACHE=str(full / "cache"))
+    line = assert_one_line_error(proc, f"{NO_SPACE} {full / 'cache' / 'tmp'}/",
+                                 ".part: free space or set KIMI_K3_CACHE to a larger disk")
+    # One attempt, and no advice about the network or a proxy.
+    assert "network" not in line and "retrying" not in proc.stderr and server.hits["/a.bin"] == 1, proc.stderr
+    assert [p for p in left if "/locks/" not in p] == [], left
+
+
+def test_full_disk_at_out_copy_leaves_nothing_there(tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    mirror = mirror_with(tmp_path, "mirror", data)
+    lock = write_lock(tmp_path, {"a": file_pin(closed_port_url(), data)})
+    full = tmp_path / "full"
+    out = full / "out" / "artifact.bin"
+    cache = tmp_path / "cache"
+    proc, left = run_on_full_disk(full, [*fetch_cmd(lock, cache, "a", "--mirror", str(mirror)), "--out", str(out),
+                                         "--copy"])
+    assert_one_line_error(proc, f"{NO_SPACE} {out}: free space or put --out on a larger disk")
+    assert left == [], left  # no partial copy, no temp file
+    assert cas_entries(cache) == [cache / "cas" / "sha256" / sha(data)]  # the verified entry stays
 
 
 def test_extract_refuses_an_interpreter_without_tar_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -351,7 +351,7 @@ def test_same_inputs_same_digests_and_labels(tmp_path: Path, host_rootfs: Path) 
 def tiny_lock(path: Path, sha_other: str = "b" * 64, sha_mine: str = "a" * 64) -> Path:
     def pin(name: str, sha: str) -> dict:
         return {"kind": "file", "package": {"name": name, "version": "1.0"}, "filename": f"{name}-1.0-py3-none-any.whl",
-                "urls": [f"https://files.pythonhosted.org/{name}-1.0-py3-none-any.whl"], "sha256": sha}
+                "urls": [f"https://files.pythonhosted.org/{name}-1.0-py3-none-any.whl"], "sha256": sha, "size": 1}
     path.write_text(json.dumps({"schema_version": 1, "pins": {"mine-1.0": pin("mine", sha_mine), "other-1.0": pin("other", sha_other)},
                                 "stacks": {"tiny": {"description": "t", "sglang": "mine-1.0"},
                                            "other": {"description": "o", "sglang": "other-1.0"}}}))
@@ -771,9 +771,9 @@ def tiny_sbom_inputs(tmp_path: Path) -> tuple[Path, Path]:
     lock = tmp_path / "pins.lock.json"
     lock.write_text(json.dumps({"schema_version": 1, "pins": {
         "tiny-1.0": {"kind": "file", "package": {"name": "tiny", "version": "1.0"}, "filename": "tiny-1.0-py3-none-any.whl",
-                     "urls": ["https://files.pythonhosted.org/tiny-1.0-py3-none-any.whl"], "sha256": "a" * 64},
+                     "urls": ["https://files.pythonhosted.org/tiny-1.0-py3-none-any.whl"], "sha256": "a" * 64, "size": 1},
         "tinysg-2.0": {"kind": "file", "package": {"name": "tinysg", "version": "2.0"}, "filename": "tinysg-2.0-py3-none-any.whl",
-                       "urls": ["https://files.pythonhosted.org/tinysg-2.0-py3-none-any.whl"], "sha256": "b" * 64}},
+                       "urls": ["https://files.pythonhosted.org/tinysg-2.0-py3-none-any.whl"], "sha256": "b" * 64, "size": 1}},
         "stacks": {"tiny": {"description": "t", "sglang": "tinysg-2.0", "flashinfer": "tiny-1.0"}}}))
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"series": "s.series", "target": {"pin": "tinysg-2.0"}, "patches": [

@@ -33,7 +33,7 @@ def schema_lock(tmp_path: Path, pins: dict[str, Any], stacks: dict[str, Any] | N
 
 def a_file_pin(**override: Any) -> dict[str, Any]:
     return {"kind": "file", "filename": "a.whl", "urls": ["https://example.com/a.whl"], "sha256": "a" * 64,
-            **override}
+            "size": 1, **override}
 
 
 def a_diff_pin(**override: Any) -> dict[str, Any]:
@@ -58,6 +58,22 @@ def test_patterns_match_the_whole_value_not_a_trailing_newline(tmp_path: Path, p
     assert "\n" not in message and message.startswith(str(lock)) and expected in message, message
     with pytest.raises(UserError):  # `verify` refuses it too, instead of passing a lock that can never fetch
         fetch_cli.main(["verify", "--lock", str(lock)])
+
+
+def test_a_file_pin_needs_its_size(tmp_path: Path) -> None:
+    """The size caps every read of a source: a file pin without one is refused at load, on one
+    line naming the lock and the pin (every pin of the project's locks has one)."""
+    pin = a_file_pin()
+    del pin["size"]
+    lock = schema_lock(tmp_path, {"a": pin})
+    with pytest.raises(UserError) as e:
+        lockfile.load(lock)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{lock}: pin 'a': size is missing"), message
+    proc = subprocess.run([sys.executable, "-m", "tools.fetch", "verify", "--lock", str(lock)],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "size is missing" in proc.stderr, proc.stderr
+    lockfile.load(lockfile.DEFAULT_LOCK)  # loads: every file pin of the project's lock has its size
 
 
 def test_is_sha256_is_exact() -> None:
