@@ -112,7 +112,7 @@ def require_cached_module(name: str) -> None:
 def require_cached_runner(module: str, runner: str) -> None:
     """require_cached_module(module), then skip where the cache's kernel selection leaves the
     CUTLASS MoE `runner` out (gpu_site.runner_verdict): calling it would raise
-    NotImplementedError by design."""
+    RuntimeError by design."""
     require_cached_module(module)
     if os.environ.get("FLASHINFER_DISABLE_JIT") != "1":
         return

@@ -291,8 +291,9 @@ def test_situ_mxfp4_w4a16_sm90(shape: MoeShape) -> None:
 
 def test_w4a16_unselected_tile_fails_by_name() -> None:
     """A cache whose selection keeps only some W4A16 tiles (gpu-test-sm90) defines the others'
-    launchers as stubs: a tactic that picks one raises NotImplementedError naming the kernel,
-    its tile and the selection, and runs no other kernel. GEMM1 tactic 1 is CTA 64x16x128 with
+    launchers as stubs: a tactic that picks one raises RuntimeError (TVM FFI error kind
+    NotImplementedError, for which tvm-ffi registers no Python class) naming the kernel, its tile
+    and the selection, and runs no other kernel. GEMM1 tactic 1 is CTA 64x16x128 with
     cluster 2x1x1 (get_candidate_configs_sm90: each weight-only tile at clusters 1x1x1, 2x1x1,
     1x2x1, 2x2x1, all swap_ab for the mixed-input GEMM), outside that selection."""
     device = _cuda()
@@ -304,8 +305,13 @@ def test_w4a16_unselected_tile_fails_by_name() -> None:
     _, run = _w4a16_runner(SHAPES[0], device)
     with pytest.raises(Exception, match=r"\(CTA 64x16x128, cluster 2x1x1\) is not compiled into "
                                         r"fused_moe_90: its tile is outside kernel selection "
-                                        + re.escape(sel.get("name", ""))):
+                                        + re.escape(sel.get("name", ""))) as raised:
         run(None, None, profile_ids=[1, -1])
+    # Exactly RuntimeError, as the docs say (not a subclass): the stub's TVM FFI kind is
+    # NotImplementedError, which tvm-ffi maps to no Python class of its own.
+    assert type(raised.value) is RuntimeError, type(raised.value)
+    kind = getattr(getattr(raised.value, "__tvm_ffi_error__", None), "kind", None)
+    assert kind == "NotImplementedError", kind
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"E{s.experts}_N{s.intermediate}_K{s.hidden}")

@@ -3,7 +3,8 @@
 - errors: UserError (one line naming the input and the fix) and run_cli (exit 2, no traceback)
 - hashing: sha256 of files and bytes
 - files: atomic writes (a temp sibling, then a rename: readers never see half a file)
-- jsonfmt: the two JSON encodings, each named for what it is for
+- jsonfmt: the two JSON encodings, each named for what it is for, and the reader that refuses a
+  key twice (loads_unique_keys)
 - cache: the artifact cache root every stage shares
 - progress: progress of long work (done/total, rate, ETA) on stderr
 

@@ -1,15 +1,22 @@
-"""The two JSON encodings of this project, each named for what it is for.
+"""The two JSON encodings of this project, each named for what it is for, and the one reader of
+files people edit.
 
 - canonical_json: the bytes that get hashed (OCI blobs, digests of JSON values): sorted keys, no
   spaces, ASCII. One value has exactly one encoding, so equal content gives equal digests.
 - review_json: files people read and diff (gate manifests, kernel_cache.json): sorted keys,
   2-space indent, trailing newline; byte-stable too, so a regenerated file diffs only where the
   content changed.
+- loads_unique_keys: json.loads for hand-edited inputs (locks, selections), refusing an object
+  that has a key twice: json.loads keeps the last one silently, hiding a duplicated entry.
 """
 from __future__ import annotations
 
 import json
+import json.decoder
+import json.scanner
 from typing import Any
+
+from tools.common.errors import UserError
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -18,3 +25,52 @@ def canonical_json(obj: Any) -> bytes:
 
 def review_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode("ascii")
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int = 0) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def _duplicate_key_line(text: str) -> int:
+    """The line where the first object holding a key twice starts. Only called once a duplicate
+    is known: the pure-Python scanner used here (the C one reports no positions) is slower."""
+    def parse_object(s_and_end: tuple[str, int], strict: bool, scan_once: Any, object_hook: Any,
+                     pairs_hook: Any, memo: Any = None) -> Any:
+        line = text.count("\n", 0, s_and_end[1]) + 1
+
+        def check(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            try:
+                return _refuse_duplicate_keys(pairs)
+            except _DuplicateKey as e:
+                raise _DuplicateKey(e.key, line) from None
+        return json.decoder.JSONObject(s_and_end, strict, scan_once, object_hook, check, memo)
+
+    decoder = json.JSONDecoder()
+    decoder.parse_object = parse_object  # type: ignore[assignment]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    try:
+        decoder.decode(text)
+    except _DuplicateKey as e:
+        return e.line
+    return 0
+
+
+def loads_unique_keys(text: str, where: str) -> Any:
+    """json.loads, except that an object holding a key twice is a UserError naming `where`, the
+    key and the object's line. Invalid JSON raises json.JSONDecodeError, as json.loads does."""
+    try:
+        return json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as e:
+        raise UserError(f"{where}: key '{e.key}' appears twice in one object (the object at line "
+                        f"{_duplicate_key_line(text)}); remove one") from None

@@ -137,7 +137,7 @@ def runner_verdict(module: str, runner: str, meta: Mapping[str, Any] | None) -> 
     """("run" | "skip", reason) for a GPU test that needs CUTLASS MoE `runner` (as
     kernel_cache/selections.json spells it) of a module the cache holds. A cache built for a
     kernel selection records the runners it compiled (kernel_cache.json); one outside them
-    raises NotImplementedError by design, so the test is skipped naming the selection. A cache
+    raises RuntimeError by design, so the test is skipped naming the selection. A cache
     without a selection (`full`) has every runner."""
     sel = ((meta or {}).get("modules") or {}).get(module, {}).get("kernel_selection")
     if not sel or runner in sel.get("runners", []):

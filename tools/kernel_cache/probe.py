@@ -3,6 +3,8 @@ module's ninja text (its compile and link commands) and generated sources.
 
 The subprocess is `python -s -m tools.kernel_cache _probe` (cli.main hands it to probe_main) with
 the tree first on PYTHONPATH, so the flashinfer it imports is the tree's, never an installed one.
+A UserError in the subprocess (a kernel selection naming what FlashInfer lacks, raised from inside
+FlashInfer's generators, which wrap it in their own RuntimeError) comes back as that one line.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from tools.kernel_cache.tree import REPO_ROOT, dir_digest
 # Environment variables that change what FlashInfer's generators emit: stripped from every
 # subprocess so the plan depends only on declared inputs.
 _LEAKY_ENV = ("CC", "CXX", "CUDA_PATH", "MAX_JOBS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS")
+# The probe's exit status for a UserError; its message is the last line of stdout, as JSON.
+_USER_ERROR_RC = 2
 
 
 def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -62,6 +66,10 @@ def run_probe(tree: Path, decls: Sequence[ModuleDecl], arch: str, variant: str,
         proc = subprocess.run(
             [python or sys.executable, "-s", "-m", "tools.kernel_cache", "_probe"],
             input=json.dumps(request), capture_output=True, text=True, env=env, cwd=work)
+        if proc.returncode == _USER_ERROR_RC:
+            reported = _reported_user_error(proc.stdout)
+            if reported is not None:
+                raise UserError(reported)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             raise UserError(f"--flashinfer-tree {tree}: FlashInfer generator probe failed "
@@ -71,8 +79,41 @@ def run_probe(tree: Path, decls: Sequence[ModuleDecl], arch: str, variant: str,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _reported_user_error(stdout: str) -> str | None:
+    lines = stdout.strip().splitlines()
+    try:
+        reported = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return reported.get("user_error") if isinstance(reported, dict) else None
+
+
+def _user_error_in(exc: BaseException) -> UserError | None:
+    """The UserError that caused exc, if any (FlashInfer re-raises generator errors as
+    RuntimeError(...) from the original)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, UserError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def probe_main() -> int:
     """Runs inside the subprocess with the tree first on sys.path."""
+    try:
+        return _probe()
+    except Exception as e:
+        user_error = _user_error_in(e)
+        if user_error is None:
+            raise
+        print("\n" + json.dumps({"user_error": str(user_error)}))
+        return _USER_ERROR_RC
+
+
+def _probe() -> int:
     import contextlib
     import importlib
 
@@ -109,7 +150,7 @@ def probe_main() -> int:
         jit_env.FLASHINFER_JIT_DIR = jit_dir
         mod_name, fn_name = m["generator"].split(":")
         ms = m.get("kernel_selection")
-        with (selection.kernel_filter(ms) if ms else contextlib.nullcontext()) as kernel_counts:
+        with (selection.kernel_filter(ms, m["name"]) if ms else contextlib.nullcontext()) as kernel_counts:
             spec = getattr(importlib.import_module(mod_name), fn_name)(**m["kwargs"])
         if spec.name != m["name"]:
             print(f"generator {m['generator']} returned module {spec.name!r}, modules.json says "

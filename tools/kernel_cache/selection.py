@@ -15,8 +15,9 @@ In the probe subprocess (FlashInfer imported from the tree), for a module with a
   2. the host sources are replaced by generated copies (select_sources): the instantiation lists
      keep only the selected `template class ...;` statements (a moe_gemm_kernels file with none
      left is dropped), and the binding's runner constructions go through make_runner<R>() from a
-     generated header, which constructs R only when it is selected and otherwise throws
-     NotImplementedError naming R and the selection. An unselected runner is then never
+     generated header, which constructs R only when it is selected and otherwise throws TVM
+     FFI's NotImplementedError kind naming R and the selection (Python sees a RuntimeError:
+     tvm-ffi registers no Python class for that kind). An unselected runner is then never
      odr-used, so nothing the module references is undefined: it loads, and fails per call.
 Why copies and not a patch in flashinfer_patches/: see kernel_cache/README.md "Kernel selection".
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tools.common.errors import UserError
+from tools.common.jsonfmt import loads_unique_keys
 
 SELECTIONS_SCHEMA = 1
 # The selection that changes nothing: FlashInfer's own source lists, as before selections.
@@ -54,14 +56,20 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # --------------------------------------------------------------------------------------------
 
 def load_selections(path: Path) -> dict[str, Any]:
-    """The validated file: {"selections": {name: {...}}, "default_for_arch": {arch: name}}."""
+    """The validated file: {"selections": {name: {...}}, "default_for_arch": {arch: name}}.
+    Everything that can be wrong without FlashInfer is refused here, one line naming the entry
+    and the fix: a key, runner, GEMM runner, dtype pair or tile given twice (a second copy would
+    be shadowed by the first, or make the plan's generated sources unreproducible), tiles on a
+    kernel that cannot take them. Names FlashInfer does not have are refused by the probe."""
     try:
-        data = json.loads(path.read_text())
+        data = loads_unique_keys(path.read_text(), f"--selections {path}")
     except (OSError, ValueError) as e:
         raise UserError(f"--selections {path}: cannot read JSON ({e}); fix the file") from None
-    if data.get("schema_version") != SELECTIONS_SCHEMA or not isinstance(data.get("selections"), dict):
-        raise UserError(f"--selections {path}: expected schema_version {SELECTIONS_SCHEMA} and a "
-                        "'selections' object")
+    if not isinstance(data, dict) or data.get("schema_version") != SELECTIONS_SCHEMA \
+            or not isinstance(data.get("selections"), dict) \
+            or not isinstance(data.get("default_for_arch", {}), dict):
+        raise UserError(f"--selections {path}: expected schema_version {SELECTIONS_SCHEMA}, a "
+                        "'selections' object and optionally a 'default_for_arch' object")
     sels = data["selections"]
     if FULL not in sels:
         raise UserError(f"--selections {path}: the '{FULL}' selection (everything) is missing")
@@ -78,10 +86,19 @@ def load_selections(path: Path) -> dict[str, Any]:
         for mod, ms in sel["modules"].items():
             _check_module_selection(f"{where}.modules.{mod}", ms)
     for arch, name in data.get("default_for_arch", {}).items():
-        if name not in sels or (name != FULL and sels[name]["arch"] != arch):
+        if not isinstance(name, str) or name not in sels \
+                or (name != FULL and sels[name]["arch"] != arch):
             raise UserError(f"--selections {path}: default_for_arch.{arch} = {name!r} is not a "
                             f"selection for arch {arch}")
     return data
+
+
+def _first_repeat(items: Sequence[Any]) -> tuple[int, int] | None:
+    """(first index, repeat index) of the first item that occurs twice, else None."""
+    for j, item in enumerate(items):
+        if item in items[:j]:
+            return items.index(item), j
+    return None
 
 
 def _check_module_selection(where: str, ms: Any) -> None:
@@ -93,11 +110,19 @@ def _check_module_selection(where: str, ms: Any) -> None:
                 isinstance(n, str) and n.startswith(prefix) and n.endswith(">") for n in names):
             raise UserError(f"{where}.{key}: a list of '{prefix}...>' as FlashInfer's explicit "
                             "instantiations spell them")
-    for i, k in enumerate(ms.get("kernels", [])):
+        repeat = _first_repeat(names)
+        if repeat:
+            raise UserError(f"{where}.{key}[{repeat[1]}]: {names[repeat[1]]} is listed twice "
+                            f"(also {key}[{repeat[0]}]); remove one")
+    kernels = ms.get("kernels", [])
+    if not isinstance(kernels, list):
+        raise UserError(f"{where}.kernels: a list of {{kind, arch, act, weight, out}} objects")
+    for i, k in enumerate(kernels):
         if not isinstance(k, dict) or not _KERNEL_KEYS <= set(k) <= _KERNEL_KEYS | _KERNEL_OPTIONAL \
-                or k["kind"] not in ("grouped", "gemm") or not isinstance(k["arch"], int):
+                or k["kind"] not in ("grouped", "gemm") or not isinstance(k["arch"], int) \
+                or not all(isinstance(k[x], str) for x in ("act", "weight", "out")):
             raise UserError(f"{where}.kernels[{i}]: expected {{kind: grouped|gemm, arch: int, act, "
-                            "weight, out}} with FlashInfer's type names (bf16, f16, e4m3, e2m1, ...), "
+                            "weight, out} with FlashInfer's type names (bf16, f16, e4m3, e2m1, ...), "
                             "optionally tiles and why")
         if "tiles" in k:
             tiles = k["tiles"]
@@ -108,6 +133,28 @@ def _check_module_selection(where: str, ms: Any) -> None:
                     for t in tiles):
                 raise UserError(f"{where}.kernels[{i}].tiles: a non-empty list of "
                                 "{\"cta\": [m, n, k], \"cluster\": [x, y, z]}")
+            if not _is_sm90_mixed(k):
+                raise UserError(f"{where}.kernels[{i}].tiles: tile sets are supported for the SM90 "
+                                "mixed-input grouped kernels only (kind grouped, arch 90, act other "
+                                "than weight: their launchers are plain function templates a stub "
+                                "can define); drop 'tiles' there")
+            repeat = _first_repeat(tiles)
+            if repeat:
+                raise UserError(f"{where}.kernels[{i}].tiles[{repeat[1]}]: "
+                                f"{json.dumps(tiles[repeat[1]])} is listed twice (also "
+                                f"tiles[{repeat[0]}]); remove one")
+    # One entry per dtype pair: the filter gives each operation to the first entry it matches,
+    # so a second entry would match nothing.
+    repeat = _first_repeat([{x: k[x] for x in _KERNEL_KEYS} for k in kernels])
+    if repeat:
+        i, j = repeat
+        raise UserError(f"{where}.kernels[{j}]: the same kind, arch, act, weight and out as "
+                        f"kernels[{i}] ({_describe_kernel(kernels[j])}); keep one entry per dtype "
+                        "pair (with tiles: all of them in that entry)")
+
+
+def _describe_kernel(k: Mapping[str, Any]) -> str:
+    return f"{k['kind']} sm{k['arch']} {k['act']} x {k['weight']} -> {k['out']}"
 
 
 def module_selections(path: Path, name: str, arch: str) -> dict[str, dict[str, Any]] | None:
@@ -167,14 +214,16 @@ def _is_sm90_mixed(key: Mapping[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def kernel_filter(ms: Mapping[str, Any], module: str) -> Iterator[dict[str, Any]]:
     """While active, FlashInfer's generate_sm*_operations return only selected operations, so its
     own grouping and file writer emit the selected kernels only. An entry with "tiles" keeps
     only those CTA / cluster shapes of its dtype pair; the dispatch still takes the address of
     every other tile's launcher, so those become stubs (select_sources writes them) that throw
-    naming the tile and the selection. Yields counts for the plan (and the stubs under "_stubs")."""
+    naming the tile and the selection. Yields counts for the plan (and the stubs under "_stubs").
+    load_selections has refused repeated dtype pairs, so each operation matches one entry."""
     from flashinfer.jit.gemm.cutlass import generate_kernels as gk
 
+    entry = f"selections.{ms['selection']}.modules.{module}.kernels"
     wanted = [{k: v for k, v in e.items() if k != "tiles"} for e in ms["kernels"]]
     tiles = [e.get("tiles") for e in ms["kernels"]]
     hits = [0] * len(wanted)
@@ -204,14 +253,9 @@ def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
                         if tiles[i] is not None:
                             tile_hits[i].add(tiles[i].index(tile))
                         kept.append(op)
-                    elif _is_sm90_mixed(key):
+                    else:  # an SM90 mixed-input kernel: load_selections refuses tiles elsewhere
                         stubs.append({"entry": i, "tile": tile,
                                       "instantiation": gk.instantiate_operation(op)})
-                    else:
-                        raise UserError(f"selection {ms['selection']}: kernels[{i}] {w}: tile sets "
-                                        "are supported for the SM90 mixed-input grouped kernels only "
-                                        "(their launchers are plain function templates a stub can "
-                                        "define); drop 'tiles' there")
                     break
             stats["selected"] += len(kept)
             return kept
@@ -232,16 +276,20 @@ def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         for n, f in originals.items():
             setattr(gk, n, f)
         gk.write_file = original_write
-    unmatched = [w for w, h in zip(wanted, hits) if not h]
+    unmatched = [f"{entry}[{i}] ({_describe_kernel(w)})" for i, (w, h) in enumerate(zip(wanted, hits))
+                 if not h]
     if unmatched:
-        raise UserError(f"selection {ms['selection']}: kernels {unmatched} match no operation "
-                        "FlashInfer generates for this arch; fix kernel_cache/selections.json")
+        one = len(unmatched) == 1
+        raise UserError(f"{'; '.join(unmatched)}: {'matches' if one else 'match'} no operation "
+                        f"FlashInfer generates for arch {ms['arch']}; fix or drop "
+                        f"{'it' if one else 'them'} in kernel_cache/selections.json (FlashInfer's "
+                        "type names: bf16, f16, e4m3, e2m1, ...)")
     for i, t in enumerate(tiles):
         missing = [x for j, x in enumerate(t or []) if j not in tile_hits[i]]
         if missing:
-            raise UserError(f"selection {ms['selection']}: kernels[{i}] {wanted[i]}: tiles {missing} "
-                            "match no operation FlashInfer generates for that dtype pair; fix "
-                            "kernel_cache/selections.json")
+            raise UserError(f"{entry}[{i}] ({_describe_kernel(wanted[i])}): tiles "
+                            f"{json.dumps(missing)} match no operation FlashInfer generates for "
+                            "that dtype pair; fix or drop them in kernel_cache/selections.json")
     if stubs:
         if not mixed_includes:
             raise UserError(f"selection {ms['selection']}: FlashInfer wrote no mixed-input file to "
@@ -253,8 +301,9 @@ def kernel_filter(ms: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 def stubs_source(ms: Mapping[str, Any], module: str, stubs: Mapping[str, Any]) -> str:
     """Definitions for the unselected tiles' launchers: explicit specializations (the same
     symbols FlashInfer's explicit instantiations would define) whose body throws TVM FFI's
-    NotImplementedError naming the kernel, its tile and where to select it. Only declarations
-    are needed, but the launcher's .inl brings every type the template arguments name."""
+    NotImplementedError kind (a RuntimeError in Python) naming the kernel, its tile and where to
+    select it. Only declarations are needed, but the launcher's .inl brings every type the
+    template arguments name."""
     sel, arch = ms["selection"], ms["arch"]
     lines = [f"// Generated by tools/kernel_cache (kernel selection {sel}, arch {arch}); do not edit.",
              "// Launchers of tiles outside the selection: they exist (the dispatch takes their",
@@ -332,7 +381,8 @@ def _rebase_includes(text: str, orig: Path, csrc: Path) -> str:
 
 
 def selection_header(ms: Mapping[str, Any], module: str, all_runners: Sequence[str]) -> str:
-    """make_runner<R>(): R when selected, else NotImplementedError naming R and the selection.
+    """make_runner<R>(): R when selected, else TVM FFI's NotImplementedError kind (a RuntimeError
+    in Python) naming R and the selection.
     std::is_same_v never instantiates R, so an unselected runner's vtable and members are never
     referenced (no undefined symbol at load)."""
     ns = "tensorrt_llm::kernels::cutlass_kernels"
@@ -415,9 +465,9 @@ def select_sources(sources: Sequence[Path], ms: Mapping[str, Any], module: str, 
     for key, names in (("runners", runners), ("gemm_runners", gemm_runners)):
         unknown = sorted(names - set(available[key]))
         if unknown:
-            raise UserError(f"selection {ms['selection']} module {module}: {key} {unknown} are not "
-                            f"instantiated by FlashInfer (it has: {'; '.join(available[key])}); fix "
-                            "kernel_cache/selections.json")
+            raise UserError(f"selections.{ms['selection']}.modules.{module}: {key} {unknown} are "
+                            f"not instantiated by FlashInfer (it has: {'; '.join(available[key])}); "
+                            "fix the spelling in kernel_cache/selections.json")
     header = out_dir / "cutlass_backend" / HEADER_NAME
     header.write_text(selection_header(ms, module, available["runners"]))
     if stubs:

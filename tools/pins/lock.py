@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence, Union
 
 from tools.common.errors import UserError
 from tools.common.files import write_text_atomic
+from tools.common.jsonfmt import loads_unique_keys
 
 SCHEMA_VERSION = 1
 # absolute(), not resolve(): under Bazel, tools/ and third_party/ are runfiles symlinks whose
@@ -422,17 +423,9 @@ def read_raw(path: Path) -> Any:
     except OSError as e:
         raise UserError(f"{path}: cannot read lock file ({e.strerror}); check its permissions") from None
 
-    def no_duplicate_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        # json.loads would silently keep the last of two equal keys, hiding a duplicated pin.
-        seen: dict[str, Any] = {}
-        for key, value in items:
-            if key in seen:
-                raise UserError(f"{path}: key '{key}' appears twice in one object; remove one")
-            seen[key] = value
-        return seen
-
     try:
-        return json.loads(text, object_pairs_hook=no_duplicate_keys)
+        # A key twice (e.g. a duplicated pin) is an error, not silently the last one.
+        return loads_unique_keys(text, str(path))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
