@@ -1,26 +1,37 @@
 #!/usr/bin/python3
-"""Image entrypoint: refuse a known-bad Mooncake configuration, then exec SGLang's server.
+"""Image entrypoint: refuse a Mooncake configuration that cannot transfer expandable-segment
+memory, then exec SGLang's server.
 
-Mooncake cannot register GPU memory that PyTorch allocated with expandable segments
-(kvcache-ai/Mooncake#2511; not fixed in 0.3.12.post1, the fix landed later), so a server with
-Mooncake transfer and `expandable_segments:True` fails late, at the first KV transfer. This
-guard fails at start instead, with the reason.
+With `expandable_segments:True` in PYTORCH_CUDA_ALLOC_CONF (or its alias PYTORCH_ALLOC_CONF),
+PyTorch allocates GPU memory as CUDA virtual memory (cuMemCreate + cuMemMap, in chunks), and the
+KV cache SGLang hands to Mooncake for PD transfer is such memory. Whether Mooncake can register it
+depends on the transport its TransferEngine installs and on its version (image/README.md "The
+Mooncake guard" has the facts and where they come from):
+- TCP (MC_FORCE_TCP, or `--disaggregation-transfer-backend mooncake_tcp`): works;
+- intra-node NVLink (MC_INTRANODE_NVLINK): Mooncake refuses the buffer (no cudaIpc handle);
+- EFA (MOONCAKE_PROTOCOL=efa): SGLang itself refuses it when its KV manager starts;
+- RDMA: registration through nvidia-peermem (ibv_reg_mr) is not covered by the fix of
+  kvcache-ai/Mooncake#2511; dma-buf registration (WITH_NVIDIA_PEERMEM=0) fails before Mooncake
+  0.3.14 and works from 0.3.14 on (#3538).
+A server that cannot register its KV cache starts healthy and fails at the first KV transfer;
+this guard refuses it at start, with the fact and the fix. HiCache's Mooncake store registers
+the host KV pool (host memory, which expandable segments do not touch): not judged here.
 
-Mooncake transfer counts as configured when any of these holds:
-- `--disaggregation-mode prefill|decode` and the transfer backend is mooncake (SGLang's default
-  for `--disaggregation-transfer-backend`);
-- `--hicache-storage-backend mooncake` (Mooncake store registers the host KV pool);
-- $MOONCAKE_CONFIG_PATH or $MOONCAKE_MASTER is set (Mooncake store configured by environment).
-Both PYTORCH_CUDA_ALLOC_CONF and its newer alias PYTORCH_ALLOC_CONF are checked.
+The arguments are judged as SGLang parses them: inside the image with SGLang's own launch parser
+(`prepare_server_args`: argparse with abbreviations, `--config FILE.yaml` merged before the
+command line), imported only when expandable segments are on and an argument could name a PD
+option. Without SGLang (the build host), an abbreviation of a judged option counts as that
+option (SGLang reads it so, or refuses it as ambiguous), one that could be several is refused,
+and so is a `--config` file, which only SGLang's parser reads.
 
 Launch profiles (image/profiles/, shipped in /usr/share/kimi-k3/profiles): `--profile NAME` starts
 the profile's SGLang arguments with its environment, placeholders (`${MODEL_PATH}`, ...) taken
 from the container's environment, through the same guard; `--print-profile NAME` prints that
-command instead. tools/image/profiles.py checks each shipped profile against this image with
-these same functions, so what an operator starts is what was checked.
+command instead. tools/image/profiles.py checks each shipped profile with these same functions
+(`validate`, in the action that builds the image's entrypoint layer, and against the image), so
+what an operator starts is what was checked.
 
-Stdlib only: it runs as the image's PID 1 before anything else is imported (the profile
-functions import json and shlex when they are used).
+Stdlib only at start: it runs as the image's PID 1 before anything else is imported.
 """
 from __future__ import annotations
 
@@ -30,36 +41,31 @@ import sys
 from typing import Mapping, Sequence
 
 ISSUE = "kvcache-ai/Mooncake#2511"
+FIX = "#3538"
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # image/constants.bzl PROFILES_DIR (tests/cpu/image checks that the two agree).
 PROFILES_DIR = "/usr/share/kimi-k3/profiles"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
+# The Mooncake distributions a stack may install (third_party/pins.lock.json role `mooncake`).
+MOONCAKE_DISTRIBUTIONS = ("mooncake-transfer-engine-cuda13", "mooncake-transfer-engine",
+                          "mooncake-transfer-engine-non-cuda")
+# The first release with #3538 (dma-buf registration of CUDA virtual memory).
+DMABUF_FIX_RELEASE = (0, 3, 14)
+# SGLang's flags the guard judges -> their ServerArgs field and default (one option string each
+# in SGLang 0.5.21 and 0.5.23).
+JUDGED = {"--disaggregation-mode": ("disaggregation_mode", "null"),
+          "--disaggregation-transfer-backend": ("disaggregation_transfer_backend", "mooncake"),
+          "--disaggregation-ib-device": ("disaggregation_ib_device", None)}
+MOONCAKE_BACKENDS = ("mooncake", "mooncake_tcp")
+# Mooncake's boolean environment values (mooncake-common bool_parser), lower-cased.
+TRUE_WORDS = ("1", "true", "yes", "on", "enable")
+FALSE_WORDS = ("0", "false", "no", "off", "disable")
 
-def option_value(args: Sequence[str], name: str) -> str | None:
-    """The last value of `--name VALUE` or `--name=VALUE` in args (argparse semantics)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
-
-def mooncake_configured(args: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """Why Mooncake transfer is configured, or None."""
-    mode = (option_value(args, "--disaggregation-mode") or "null").lower()
-    backend = (option_value(args, "--disaggregation-transfer-backend") or "mooncake").lower()
-    if mode in ("prefill", "decode") and backend == "mooncake":
-        return f"--disaggregation-mode {mode} with the mooncake transfer backend"
-    if (option_value(args, "--hicache-storage-backend") or "").lower() == "mooncake":
-        return "--hicache-storage-backend mooncake"
-    for var in ("MOONCAKE_CONFIG_PATH", "MOONCAKE_MASTER"):
-        if env.get(var):
-            return f"${var} is set"
-    return None
+class GuardError(Exception):
+    """Arguments the guard cannot judge: one line naming the argument and the fix."""
 
 
 def expandable_segments_on(env: Mapping[str, str]) -> str | None:
@@ -72,15 +78,177 @@ def expandable_segments_on(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def refusal(args: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """The error line if this configuration must not start, else None."""
-    var = expandable_segments_on(env)
-    reason = mooncake_configured(args, env) if var else None
-    if var and reason:
-        return (f"error: {var} sets expandable_segments:True while Mooncake transfer is configured "
-                f"({reason}); Mooncake cannot register expandable-segment memory ({ISSUE}, not fixed in "
-                f"0.3.12.post1): remove expandable_segments:True from {var} or disable Mooncake transfer")
+def _may_name_judged(arg: str) -> bool:
+    """Whether SGLang's parser could read `arg` as one of JUDGED (argparse takes any unique
+    prefix of a long option, with or without `=VALUE`)."""
+    name = arg.partition("=")[0]
+    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in JUDGED)
+
+
+def settings_from_sglang(args: Sequence[str]) -> dict[str, str | None] | None:
+    """The JUDGED fields as SGLang's launch parser reads `args` (its plugins loaded, a --config
+    file merged), or None when SGLang cannot be imported here."""
+    try:
+        from sglang.srt.server_args import prepare_server_args
+    except Exception:
+        return None
+    import argparse
+
+    def error(self: argparse.ArgumentParser, message: str) -> None:
+        raise GuardError(f"SGLang's parser rejects the arguments: {message}")
+
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    try:
+        try:
+            from sglang.srt.plugins import load_plugins
+        except ImportError:
+            pass
+        else:
+            load_plugins()  # as sglang.launch_server does first: plugins may add arguments
+        server_args = prepare_server_args(list(args))
+    except GuardError:
+        raise
+    except SystemExit as e:
+        raise GuardError(f"SGLang's parser exited ({e.code}) on these arguments") from None
+    except Exception as e:
+        text = " ".join(str(e).split()) or type(e).__name__
+        if "--config" in args:
+            i = args.index("--config")
+            config = args[i + 1] if i + 1 < len(args) else "(no file)"
+            raise GuardError(f"--config {config}: SGLang's parser fails with it ({type(e).__name__}: {text}); "
+                             "fix the file, its path or the arguments (SGLang would refuse them too)") from None
+        raise GuardError(f"SGLang's parser rejects the arguments ({type(e).__name__}: {text})") from None
+    finally:
+        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
+    return {field: getattr(server_args, field, default) for field, default in JUDGED.values()}
+
+
+def settings_without_sglang(args: Sequence[str]) -> dict[str, str | None]:
+    """The JUDGED fields from `args` by argparse's rules for these options alone: an exact or
+    unique-prefix match (also `--opt=VALUE`), the last one wins, nothing after `--`. A prefix of
+    several judged options is refused (SGLang refuses it as ambiguous), and so is `--config`:
+    only SGLang's parser (and PyYAML) reads the file."""
+    if "--config" in args:
+        i = args.index("--config")
+        config = args[i + 1] if i + 1 < len(args) else "(no file)"
+        raise GuardError(f"--config {config}: the guard reads a config file only with the image's SGLang, "
+                         "which cannot be imported here; pass the options on the command line")
+    values: dict[str, str | None] = {field: default for field, default in JUDGED.values()}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        if _may_name_judged(arg):
+            name, eq, value = arg.partition("=")
+            matches = [name] if name in JUDGED else [o for o in JUDGED if o.startswith(name)]
+            if len(matches) > 1:
+                raise GuardError(f"{name} could be any of {', '.join(matches)} (SGLang refuses an ambiguous "
+                                 "abbreviation); spell the option in full")
+            if not eq:
+                if i + 1 >= len(args):
+                    raise GuardError(f"{name} expects a value; give it one")
+                i += 1
+                value = args[i]
+            values[JUDGED[matches[0]][0]] = value
+        i += 1
+    return values
+
+
+def judged_settings(args: Sequence[str]) -> dict[str, str | None]:
+    """What SGLang will run with for the JUDGED fields."""
+    if "--config" not in args and not any(_may_name_judged(a) for a in args):
+        return {field: default for field, default in JUDGED.values()}
+    settings = settings_from_sglang(args)
+    return settings if settings is not None else settings_without_sglang(args)
+
+
+def installed_mooncake() -> str | None:
+    """The version of the Mooncake distribution installed here, or None."""
+    try:
+        from importlib import metadata
+    except ImportError:  # a stripped interpreter: no distribution can be read
+        return None
+    for name in MOONCAKE_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
     return None
+
+
+def has_dmabuf_fix(version: str | None) -> bool:
+    """Whether Mooncake `version` has #3538 (a pre-release of the fix release counts as before it)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)((?:a|b|rc|\.?dev)\d*)?(\.post\d+)?(\+.*)?", (version or "").strip())
+    if not match:
+        return False
+    release = tuple(int(n) for n in match.group(1).split("."))
+    return release > DMABUF_FIX_RELEASE or (release == DMABUF_FIX_RELEASE and not match.group(2))
+
+
+def _env_word(env: Mapping[str, str], var: str) -> str | None:
+    value = env.get(var)
+    return None if value is None else value.strip().lower()
+
+
+def mooncake_refusal(settings: Mapping[str, str | None], env: Mapping[str, str], version: str | None
+                     ) -> tuple[str, str, str] | None:
+    """(how Mooncake transfers, the fact, the fix) when Mooncake cannot transfer expandable-segment
+    memory in this configuration, else None. Mooncake's TransferEngine picks its transport when it
+    starts: MC_FORCE_TCP first, then MC_INTRANODE_NVLINK, then RDMA on the RDMA devices it finds
+    (--disaggregation-ib-device narrows them), TCP when there are none."""
+    mode = str(settings["disaggregation_mode"] or "null")
+    backend = str(settings["disaggregation_transfer_backend"] or "")
+    if mode not in ("prefill", "decode") or backend not in MOONCAKE_BACKENDS:
+        return None
+    named = "of unknown version (none installed here)" if version is None else version
+    how = f"--disaggregation-mode {mode}, transfer backend {backend}, Mooncake {named}"
+    if _env_word(env, "MOONCAKE_PROTOCOL") == "efa":
+        return (f"{how}, EFA (MOONCAKE_PROTOCOL=efa)",
+                "SGLang refuses EFA with expandable segments when its KV manager starts (the libfabric EFA provider "
+                "cannot transfer CUDA virtual-memory allocations)", "")
+    # mooncake_tcp: SGLang sets MC_FORCE_TCP=1 unless the environment already sets it.
+    force_tcp = _env_word(env, "MC_FORCE_TCP") if "MC_FORCE_TCP" in env else ("1" if backend == "mooncake_tcp" else None)
+    if force_tcp in TRUE_WORDS:
+        return None
+    if "MC_INTRANODE_NVLINK" in env:
+        return (f"{how}, intra-node NVLink (MC_INTRANODE_NVLINK is set)",
+                "Mooncake's intra-node NVLink transport refuses to register virtual-memory (cuMemCreate) buffers: "
+                "they have no cudaIpc handle (measured with Mooncake 0.3.14)", "unset MC_INTRANODE_NVLINK or ")
+    devices = settings.get("disaggregation_ib_device")
+    rdma = f"RDMA on {'--disaggregation-ib-device ' + devices if devices else 'the RDMA devices of the node'}"
+    if not has_dmabuf_fix(version):
+        return (f"{how}, {rdma}",
+                "before 0.3.14, Mooncake's dma-buf registration exports only the one virtual-memory chunk that holds "
+                f"the buffer's start, so registering the buffer fails ({ISSUE}, fixed by {FIX} in 0.3.14), and its "
+                "nvidia-peermem registration (ibv_reg_mr) is not covered by that fix",
+                "use Mooncake 0.3.14 or later with WITH_NVIDIA_PEERMEM=0, set MC_FORCE_TCP=1, or ")
+    if _env_word(env, "WITH_NVIDIA_PEERMEM") not in FALSE_WORDS:
+        return (f"{how}, {rdma}, WITH_NVIDIA_PEERMEM not 0",
+                "Mooncake may then register GPU memory through nvidia-peermem (ibv_reg_mr), which the fix of "
+                f"{ISSUE} ({FIX}, in Mooncake 0.3.14) does not cover",
+                "set WITH_NVIDIA_PEERMEM=0 (dma-buf registration, fixed in 0.3.14) or MC_FORCE_TCP=1, or ")
+    return None
+
+
+def refusal(args: Sequence[str], env: Mapping[str, str], mooncake_version: str | None = None) -> str | None:
+    """The error line if this configuration must not start, else None. `mooncake_version`: the
+    Mooncake release to judge for (default: the one installed here)."""
+    var = expandable_segments_on(env)
+    if not var:
+        return None
+    try:
+        settings = judged_settings(args)
+    except GuardError as e:
+        return f"error: {var} sets expandable_segments:True, and the guard cannot judge the arguments: {e}"
+    version = mooncake_version if mooncake_version is not None else installed_mooncake()
+    found = mooncake_refusal(settings, env, version)
+    if found is None:
+        return None
+    how, fact, fix = found
+    return (f"error: {var} sets expandable_segments:True while SGLang transfers the KV cache with Mooncake "
+            f"({how}): {fact}; {fix}remove expandable_segments:True from {var}")
 
 
 class ProfileError(Exception):
@@ -122,9 +290,18 @@ def substitute(text: str, values: Mapping[str, str], name: str, placeholders: Ma
 def resolve_profile(name: str, values: Mapping[str, str], profiles_dir: str = PROFILES_DIR) -> tuple[list[str], dict[str, str]]:
     """The SGLang arguments and the environment of profile `name`, placeholders from `values`."""
     profile = load_profile(name, profiles_dir)
-    placeholders = profile.get("placeholders", {})
-    args = [substitute(a, values, name, placeholders) for a in profile["args"]]
-    env = {k: substitute(v, values, name, placeholders) for k, v in profile.get("env", {}).items()}
+    fix = "rebuild the image from profiles that pass `python3 -m tools.image.profiles validate`"
+    if not isinstance(profile, dict):
+        raise ProfileError(f"profile {name}: not a JSON object; {fix}")
+    args, env, placeholders = profile.get("args"), profile.get("env", {}), profile.get("placeholders", {})
+    if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
+        raise ProfileError(f"profile {name}: 'args' is not a list of strings (the SGLang arguments); {fix}")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ProfileError(f"profile {name}: 'env' is not an object of strings; {fix}")
+    if not isinstance(placeholders, dict) or not all(isinstance(v, dict) for v in placeholders.values()):
+        raise ProfileError(f"profile {name}: 'placeholders' is not an object of objects; {fix}")
+    args = [substitute(a, values, name, placeholders) for a in args]
+    env = {k: substitute(v, values, name, placeholders) for k, v in env.items()}
     return args, env
 
 

@@ -6,7 +6,7 @@ files people edit.
 - review_json: files people read and diff (gate manifests, kernel_cache.json): sorted keys,
   2-space indent, trailing newline; byte-stable too, so a regenerated file diffs only where the
   content changed.
-- loads_unique_keys: json.loads for hand-edited inputs (locks, selections), refusing an object
+- loads_unique_keys: json.loads for hand-edited inputs (locks, selections, launch profiles), refusing an object
   that has a key twice: json.loads keeps the last one silently, hiding a duplicated entry.
 """
 from __future__ import annotations

@@ -2,11 +2,14 @@
 
     debian_rootfs      tools/image/rootfs.py debian: the base OS tar of a Debian set (mmdebstrap; root)
     oci_layer          tools/image/layer.py: one reproducible layer blob + its descriptor
+    entrypoint_layer   tools/image/entrypoint_layer.py: the launch profiles checked (the entrypoint
+                       guard's rule included), then the entrypoint + profiles layer
     empty_directory    a directory output with nothing in it (stand-in kernel cache)
     sbom               tools/image/sbom.py: the SPDX document shipped in the image
     oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
     oci_push           `bazel run` target: tools/image/push.py on that layout
     kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
+    entrypoint_layer_test     analysis test: the entrypoint layer's action checks every profile it ships
     kernel_cache_layer_pypi_test   the same under the pypi stack
     image_config_files targets built for a stack's image (the launch-profile check's inputs)
 
@@ -20,9 +23,10 @@ the same inputs give the same digests. Rule internals: tools/image/private/.
 """
 
 load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_directory")
+load("//tools/image/private:entrypoint_layer_test.bzl", _entrypoint_layer_test = "entrypoint_layer_test")
 load("//tools/image/private:image_config_files.bzl", _image_config_files = "image_config_files")
 load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_pypi_test = "kernel_cache_layer_pypi_test", _kernel_cache_layer_test = "kernel_cache_layer_test")
-load("//tools/image/private:layer.bzl", _oci_layer = "oci_layer")
+load("//tools/image/private:layer.bzl", _entrypoint_layer = "entrypoint_layer", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
 load("//tools/image/private:push.bzl", _oci_push = "oci_push")
@@ -31,11 +35,13 @@ load("//tools/image/private:sbom.bzl", _sbom = "sbom")
 
 debian_rootfs = _debian_rootfs
 oci_layer = _oci_layer
+entrypoint_layer = _entrypoint_layer
 empty_directory = _empty_directory
 sbom = _sbom
 oci_image_layout = _oci_image_layout
 oci_push = _oci_push
 kernel_cache_layer_test = _kernel_cache_layer_test
 kernel_cache_layer_pypi_test = _kernel_cache_layer_pypi_test
+entrypoint_layer_test = _entrypoint_layer_test
 image_config_files = _image_config_files
 LayerInfo = _LayerInfo

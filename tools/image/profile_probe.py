@@ -17,7 +17,8 @@ host imports this module for FEATURES without importing SGLang.
 Per profile, in a fork of one process that imported SGLang once (so profiles cannot leak state
 into each other), what `kimi-k3-entrypoint --profile NAME` would run:
 1. the image's entrypoint resolves the profile (placeholders from the profile's examples; the
-   checkpoint placeholder names a stand-in directory, see 4) and its guard judges args + env;
+   checkpoint placeholder names a stand-in directory, see 4) and its guard judges args + env
+   (the arguments as SGLang's own parser reads them, the image's Mooncake version);
 2. the profile's environment is applied, SGLang's plugins are loaded and `prepare_server_args`
    (SGLang's own launch parser) parses the arguments: an unknown or removed flag, a value of the
    wrong type or outside its choices fails here;

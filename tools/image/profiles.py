@@ -2,8 +2,13 @@
 
 Usage:
     python3 -m tools.image.profiles validate [--profiles-dir image/profiles] [--needs image/backend_needs.json]
-        Schema of every profile (no image needed): placeholders declared and used, the checkpoint
-        facts, the kernel selection; the needs table's features are ones the probe knows.
+            [--selections kernel_cache/selections.json] [--lock third_party/pins.lock.json]
+        Every profile without an image: the schema (no key twice in one object, no flag twice in
+        `args`), placeholders declared and used, the checkpoint facts, a kernel selection of
+        kernel_cache/selections.json; the needs table's features are ones the probe knows; and the
+        image entrypoint's own guard (image/entrypoint.py `refusal`) on the profile's args and env
+        with the examples, for the Mooncake release of every stack of the lock. The action that
+        builds the image's entrypoint layer runs the same checks (tools/image/entrypoint_layer.py).
     python3 -m tools.image.profiles show NAME [--profiles-dir image/profiles]
         The command `kimi-k3-entrypoint --print-profile NAME` prints, with the placeholders'
         example values (the image's own entrypoint code resolves it).
@@ -35,12 +40,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.common.jsonfmt import loads_unique_keys
 from tools.image import profile_probe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILES_DIR = REPO_ROOT / "image" / "profiles"
 DEFAULT_NEEDS = REPO_ROOT / "image" / "backend_needs.json"
 DEFAULT_ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
+DEFAULT_SELECTIONS = REPO_ROOT / "kernel_cache" / "selections.json"
+DEFAULT_LOCK = REPO_ROOT / "third_party" / "pins.lock.json"
 # Image paths, as image/constants.bzl sets them (ENTRYPOINT, PROFILES_DIR; tests/cpu/image checks).
 ENTRYPOINT_IMAGE_PATH = "/usr/local/bin/kimi-k3-entrypoint"
 PROFILES_IMAGE_PATH = "/usr/share/kimi-k3/profiles"
@@ -90,6 +98,11 @@ def validate_profile(name: str, path: Path, data: Any) -> Profile:
         raise UserError(f"{where} args: expected the SGLang arguments as a list of strings; {fix}")
     for i, arg in enumerate(args):
         _check_strings(arg, f"{where} args[{i}]", fix)
+    flags = [a.partition("=")[0] for a in args if a.startswith("--")]
+    twice = sorted({f for f in flags if flags.count(f) > 1})
+    if twice:
+        raise UserError(f"{where} args: {', '.join(twice)} given twice (SGLang keeps the last one silently); "
+                        "keep one")
     if not isinstance(env, dict):
         raise UserError(f"{where} env: expected an object VARIABLE -> value; {fix}")
     for var, value in env.items():
@@ -131,23 +144,74 @@ def validate_profile(name: str, path: Path, data: Any) -> Profile:
     return Profile(name, path, data)
 
 
+def load_profile_files(paths: Sequence[Path]) -> dict[str, Profile]:
+    """The profiles NAME.json at `paths`, validated."""
+    profiles = {}
+    for path in paths:
+        name = path.name[:-len(".json")] if path.name.endswith(".json") else ""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name):
+            raise UserError(f"profile {path}: name the file NAME.json with NAME of lower-case letters, digits, '-', '.'")
+        if name in profiles:
+            raise UserError(f"profile {path}: a second profile {name} ({profiles[name].path}); keep one")
+        try:
+            data = loads_unique_keys(path.read_text(), f"profile {path}")
+        except (OSError, ValueError) as e:
+            raise UserError(f"profile {path}: not readable JSON ({e}); fix the file") from None
+        profiles[name] = validate_profile(name, path, data)
+    return profiles
+
+
 def load_profiles(profiles_dir: Path) -> dict[str, Profile]:
     """Every NAME.json of profiles_dir, validated."""
     if not profiles_dir.is_dir():
         raise UserError(f"--profiles-dir {profiles_dir}: not a directory; pass image/profiles or a copy of it")
-    profiles = {}
-    for path in sorted(profiles_dir.glob("*.json")):
-        name = path.name[:-len(".json")]
-        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name):
-            raise UserError(f"profile {path}: name the file NAME.json with NAME of lower-case letters, digits, '-', '.'")
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"profile {path}: not readable JSON ({e}); fix the file") from None
-        profiles[name] = validate_profile(name, path, data)
+    profiles = load_profile_files(sorted(profiles_dir.glob("*.json")))
     if not profiles:
         raise UserError(f"--profiles-dir {profiles_dir}: no NAME.json profiles in it")
     return profiles
+
+
+def pinned_mooncake(lock_path: Path) -> dict[str, list[str]]:
+    """Mooncake version -> the stacks of the lock that pin it (their `mooncake` role)."""
+    from tools.pins.lock import load
+
+    lock = load(lock_path)
+    versions: dict[str, list[str]] = {}
+    for name, stack in sorted(lock.stacks.items()):
+        pin_name = stack.roles.get("mooncake")
+        if pin_name is None:
+            raise UserError(f"{lock_path}: stack {name} pins no mooncake; the entrypoint guard judges profiles "
+                            "for the stack's Mooncake release")
+        package = getattr(lock.pin(pin_name), "package", None)
+        if package is None:
+            raise UserError(f"{lock_path}: pin {pin_name} (stack {name}'s mooncake) names no package version")
+        versions.setdefault(package.version, []).append(name)
+    return versions
+
+
+def check_profiles(profiles: Mapping[str, Profile], selections_path: Path, lock_path: Path,
+                   entrypoint_path: Path = DEFAULT_ENTRYPOINT) -> None:
+    """What a profile needs beyond its own file: a known kernel selection, and the image
+    entrypoint's guard accepting its args and env (with the examples) for every pinned Mooncake."""
+    from tools.kernel_cache.selection import load_selections
+
+    selections = load_selections(selections_path)["selections"]
+    entrypoint = load_entrypoint(entrypoint_path)
+    mooncake = pinned_mooncake(lock_path)
+    for profile in profiles.values():
+        if profile.kernel_selection not in selections:
+            raise UserError(f"profile {profile.path} needs kernel_selection: {profile.kernel_selection!r} is not a "
+                            f"selection of {selections_path} (known: {', '.join(sorted(selections))})")
+        examples = {k: spec["example"] for k, spec in profile.data.get("placeholders", {}).items()}
+        try:
+            args, env = entrypoint.resolve_profile(profile.name, examples, str(profile.path.parent))
+        except entrypoint.ProfileError as e:
+            raise UserError(f"profile {profile.path}: the image's entrypoint cannot resolve it: {e}") from None
+        for version, stacks in mooncake.items():
+            refused = entrypoint.refusal(args, env, mooncake_version=version)
+            if refused:
+                raise UserError(f"profile {profile.path}: the image's entrypoint guard refuses it (Mooncake {version}, "
+                                f"stack {', '.join(stacks)}): {refused.removeprefix('error: ')}")
 
 
 def select_profiles(profiles: Mapping[str, Profile], names: Sequence[str], what: str = "--launch-profile") -> list[Profile]:
@@ -171,7 +235,7 @@ class Need:
 
 def load_needs(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = loads_unique_keys(path.read_text(), f"--needs {path}")
     except (OSError, ValueError) as e:
         raise UserError(f"--needs {path}: not readable JSON ({e}); pass image/backend_needs.json") from None
     if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
@@ -387,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     v = sub.add_parser("validate", help="schema of every profile and of the needs table")
     v.add_argument("--profiles-dir", type=Path, default=DEFAULT_PROFILES_DIR)
     v.add_argument("--needs", type=Path, default=DEFAULT_NEEDS)
+    v.add_argument("--selections", type=Path, default=DEFAULT_SELECTIONS)
+    v.add_argument("--lock", type=Path, default=DEFAULT_LOCK)
     s = sub.add_parser("show", help="the command --print-profile prints, with the example values")
     s.add_argument("name")
     s.add_argument("--profiles-dir", type=Path, default=DEFAULT_PROFILES_DIR)
@@ -394,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles = load_profiles(args.profiles_dir)
     if args.command == "validate":
         load_needs(args.needs)
+        check_profiles(profiles, args.selections, args.lock)
         for name in profiles:
             print(f"ok   {name}")
         return 0

@@ -104,8 +104,10 @@ def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
 
 # ---------------------------------------------------------------- the entrypoint
 
-def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The entrypoint with profiles from image/profiles and a python3 that prints its exec."""
+def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
+                   site: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The entrypoint with profiles from image/profiles and a python3 that prints its exec;
+    `site` (on PYTHONPATH) holds a fake SGLang or Mooncake distribution."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
     (fake_bin / "python3").write_text("#!/bin/sh\necho \"exec: $*\"\nenv | sort | sed 's/^/env: /'\n")
@@ -117,7 +119,8 @@ def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> subp
                                    f'PROFILES_DIR = "{profiles.DEFAULT_PROFILES_DIR}"'))
     assert script.read_text() != text
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          env={"PATH": f"{fake_bin}:/usr/bin:/bin", **env})
+                          env={"PATH": f"{fake_bin}:/usr/bin:/bin", **({"PYTHONPATH": str(site)} if site else {}),
+                               **env})
 
 
 SITE = {"MODEL_PATH": "/mnt/k3", "NODE_RANK": "2", "DIST_INIT_ADDR": "192.168.0.10:5000", "PORT": "8000",
@@ -165,6 +168,285 @@ def test_profile_refusals(tmp_path: Path) -> None:
                              {**SITE, "PYTORCH_ALLOC_CONF": "expandable_segments:True"})
     assert refused.returncode == 2 and refused.stdout.startswith("env ")
     assert "PYTORCH_ALLOC_CONF sets expandable_segments:True" in refused.stderr
+    assert "--disaggregation-mode decode" in refused.stderr and "--disaggregation-ib-device mlx5_0" in refused.stderr
+
+
+# ---------------------------------------------------------------- the guard: arguments as SGLang parses them
+
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+FIXED_DMABUF = {"WITH_NVIDIA_PEERMEM": "0"}  # Mooncake's dma-buf registration, fixed in 0.3.14
+
+
+def mooncake_site(site: Path, version: str) -> Path:
+    """`site` with an installed mooncake-transfer-engine-cuda13 distribution of `version`."""
+    info = site / f"mooncake_transfer_engine_cuda13-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mooncake-transfer-engine-cuda13\nVersion: {version}\n")
+    return site
+
+
+# A stand-in for the image's SGLang launch parser (the image-level check runs the real one): argparse
+# with abbreviations, a --config file of `key: value` lines merged before the command line, as
+# sglang.srt.server_args.prepare_server_args does.
+FAKE_SERVER_ARGS = """
+import argparse, os
+def prepare_server_args(argv):
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    for flag, default in (("--model-path", None), ("--disaggregation-mode", "null"),
+                          ("--disaggregation-transfer-backend", "mooncake"), ("--disaggregation-ib-device", None),
+                          ("--disaggregation-bootstrap-port", "8998"), ("--config", None)):
+        parser.add_argument(flag, default=default)
+    if "--config" in argv:
+        i = argv.index("--config")
+        path = argv[i + 1]
+        if not os.path.exists(path):
+            raise ValueError(f"Config file not found: {path}")
+        merged = []
+        for line in open(path):
+            key, _, value = line.partition(":")
+            merged += ["--" + key.strip(), value.strip()]
+        argv = merged + argv[:i] + argv[i + 2:]
+    return parser.parse_args(argv)
+"""
+
+
+def fake_sglang(site: Path) -> Path:
+    pkg = site / "sglang" / "srt"
+    (pkg / "plugins").mkdir(parents=True)
+    for init in (site / "sglang", pkg, pkg / "plugins"):
+        (init / "__init__.py").write_text("")
+    (pkg / "plugins" / "__init__.py").write_text("def load_plugins():\n    pass\n")
+    (pkg / "server_args.py").write_text(FAKE_SERVER_ARGS)
+    return site
+
+
+@pytest.mark.parametrize("with_sglang", [False, True])
+def test_guard_reads_an_abbreviated_option_as_sglang_does(tmp_path: Path, with_sglang: bool) -> None:
+    # SGLang's parser takes any unique prefix of a long option: --disaggregation-mod is --disaggregation-mode.
+    site = mooncake_site(tmp_path / "site", "0.3.14")
+    if with_sglang:
+        fake_sglang(site)
+    for args in (["--model-path", "/m", "--disaggregation-mod", "prefill"] if with_sglang else
+                 ["--model-path", "/m", "--disaggregation-mo=decode", "--disaggregation-transfer-b", "mooncake"],):
+        proc = run_entrypoint(tmp_path, args, EXPANDABLE, site)
+        assert proc.returncode == 2 and "exec:" not in proc.stdout, (args, proc.stdout)
+        assert "PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True while SGLang transfers the KV cache with " \
+               "Mooncake (--disaggregation-mode " in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    # A prefix of none of them is left to SGLang.
+    proc = run_entrypoint(tmp_path, ["--model-path", "/m", "--disaggregation-bootstrap", "9"], EXPANDABLE, site)
+    assert proc.returncode == 0 and proc.stdout.startswith("exec: -m sglang.launch_server"), proc.stderr
+
+
+def test_guard_refuses_an_abbreviation_it_cannot_resolve(tmp_path: Path) -> None:
+    # Without SGLang's option list the guard refuses a prefix of two judged options (SGLang refuses it too).
+    proc = run_entrypoint(tmp_path, ["--disaggregation-", "prefill"], EXPANDABLE)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    assert proc.stderr.strip() == (
+        "error: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True, and the guard cannot judge the arguments: "
+        "--disaggregation- could be any of --disaggregation-mode, --disaggregation-transfer-backend, "
+        "--disaggregation-ib-device (SGLang refuses an ambiguous abbreviation); spell the option in full")
+
+
+def test_guard_reads_a_config_file_as_sglang_does(tmp_path: Path) -> None:
+    # SGLang merges `--config FILE.yaml` into its arguments: a disaggregation-mode there counts.
+    config = tmp_path / "server.yaml"
+    config.write_text("disaggregation-mode: decode\ndisaggregation-ib-device: mlx5_3\n")
+    site = fake_sglang(mooncake_site(tmp_path / "site", "0.3.14"))
+    proc = run_entrypoint(tmp_path, ["--model-path", "/m", "--config", str(config)], EXPANDABLE, site)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    assert "(--disaggregation-mode decode, transfer backend mooncake, Mooncake 0.3.14, RDMA on " \
+           "--disaggregation-ib-device mlx5_3, WITH_NVIDIA_PEERMEM not 0)" in proc.stderr, proc.stderr
+    # The command line wins over the file, as in SGLang.
+    proc = run_entrypoint(tmp_path, ["--config", str(config), "--disaggregation-mode", "null"], EXPANDABLE, site)
+    assert proc.returncode == 0, proc.stderr
+    # A file SGLang cannot read is a refusal naming it.
+    missing = tmp_path / "missing.yaml"
+    proc = run_entrypoint(tmp_path, ["--config", str(missing)], EXPANDABLE, site)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    assert proc.stderr.strip() == (
+        f"error: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True, and the guard cannot judge the arguments: "
+        f"--config {missing}: SGLang's parser fails with it (ValueError: Config file not found: {missing}); fix the "
+        "file, its path or the arguments (SGLang would refuse them too)")
+    # Without SGLang the guard cannot read the file: refused, naming it.
+    proc = run_entrypoint(tmp_path, ["--config", str(config)], EXPANDABLE, mooncake_site(tmp_path / "bare", "0.3.14"))
+    assert proc.returncode == 2 and f"--config {config}: the guard reads a config file only with the image's " \
+                                    "SGLang" in proc.stderr, proc.stderr
+    # Without expandable segments nothing is parsed: SGLang gets the arguments as they are.
+    proc = run_entrypoint(tmp_path, ["--config", str(missing)], {}, site)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"exec: -m sglang.launch_server --config {missing}")
+
+
+# ---------------------------------------------------------------- the guard: Mooncake's facts
+
+# (arguments, environment beside expandable_segments:True, Mooncake installed, refused: the facts the line names)
+GUARD_CASES = [
+    # TCP transfers expandable-segment memory (measured with 0.3.14): accepted.
+    (["--disaggregation-mode", "prefill"], {"MC_FORCE_TCP": "1"}, "0.3.14", None),
+    (["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp"], {}, "0.3.14", None),
+    # dma-buf registration (WITH_NVIDIA_PEERMEM=0) is fixed in 0.3.14 (#3538), not before.
+    (["--disaggregation-mode", "prefill", "--disaggregation-ib-device", "mlx5_0"], FIXED_DMABUF, "0.3.14", None),
+    (["--disaggregation-mode", "prefill"], FIXED_DMABUF, "0.3.14.post1", None),
+    (["--disaggregation-mode", "prefill"], FIXED_DMABUF, "0.3.13.post1",
+     ["Mooncake 0.3.13.post1, RDMA on the RDMA devices of the node", "kvcache-ai/Mooncake#2511, fixed by #3538 in 0.3.14",
+      "use Mooncake 0.3.14 or later with WITH_NVIDIA_PEERMEM=0"]),
+    (["--disaggregation-mode", "prefill"], FIXED_DMABUF, "0.3.14rc1", ["fixed by #3538 in 0.3.14"]),
+    (["--disaggregation-mode", "prefill"], FIXED_DMABUF, None, ["Mooncake of unknown version (none installed here)"]),
+    # nvidia-peermem registration (ibv_reg_mr) is not covered by the fix.
+    (["--disaggregation-mode", "prefill", "--disaggregation-ib-device", "mlx5_0"], {}, "0.3.14",
+     ["RDMA on --disaggregation-ib-device mlx5_0, WITH_NVIDIA_PEERMEM not 0", "nvidia-peermem (ibv_reg_mr)",
+      "set WITH_NVIDIA_PEERMEM=0 (dma-buf registration, fixed in 0.3.14) or MC_FORCE_TCP=1"]),
+    (["--disaggregation-mode", "prefill"], {"WITH_NVIDIA_PEERMEM": "true"}, "0.3.14", ["nvidia-peermem"]),
+    (["--disaggregation-mode", "prefill"], {"MC_FORCE_TCP": "0"}, "0.3.14", ["nvidia-peermem"]),
+    # Intra-node NVLink refuses virtual-memory buffers (measured with 0.3.14), even with dma-buf.
+    (["--disaggregation-mode", "decode"], {"MC_INTRANODE_NVLINK": "1", **FIXED_DMABUF}, "0.3.14",
+     ["intra-node NVLink (MC_INTRANODE_NVLINK is set)", "no cudaIpc handle"]),
+    # EFA: SGLang refuses it with expandable segments when its KV manager starts.
+    (["--disaggregation-mode", "decode"], {"MOONCAKE_PROTOCOL": "efa", "MC_FORCE_TCP": "1"}, "0.3.14",
+     ["EFA (MOONCAKE_PROTOCOL=efa)", "libfabric EFA provider cannot transfer CUDA virtual-memory allocations"]),
+    # No Mooncake KV transfer: accepted. HiCache's Mooncake store registers host memory.
+    (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"], {}, "0.3.14", None),
+    (["--hicache-storage-backend", "mooncake"], {"MOONCAKE_MASTER": "10.0.0.1:50051"}, "0.3.14", None),
+    (["--model-path", "m"], {}, "0.3.14", None),
+]
+
+
+@pytest.mark.parametrize("args,env,version,facts", GUARD_CASES)
+def test_guard_refuses_exactly_what_mooncake_cannot_transfer(args: list[str], env: dict[str, str],
+                                                             version: str | None, facts: list[str] | None) -> None:
+    # version None: the installed one, and the test's Python has none.
+    line = profiles.load_entrypoint().refusal(args, {**EXPANDABLE, **env}, mooncake_version=version)
+    if facts is None:
+        assert line is None
+        return
+    assert "\n" not in line and line.startswith("error: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True while "
+                                                "SGLang transfers the KV cache with Mooncake (")
+    assert line.endswith("remove expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF")
+    for fact in facts:
+        assert fact in line, line
+
+
+def test_guard_judges_the_installed_mooncake(tmp_path: Path) -> None:
+    args = ["--disaggregation-mode", "prefill"]
+    fixed = run_entrypoint(tmp_path, args, {**EXPANDABLE, **FIXED_DMABUF}, mooncake_site(tmp_path / "a", "0.3.14"))
+    assert fixed.returncode == 0 and fixed.stdout.startswith("exec: -m sglang.launch_server --disaggregation-mode"), \
+        fixed.stderr
+    old = run_entrypoint(tmp_path, args, {**EXPANDABLE, **FIXED_DMABUF}, mooncake_site(tmp_path / "b", "0.3.12.post1"))
+    assert old.returncode == 2 and "exec:" not in old.stdout and "Mooncake 0.3.12.post1, RDMA" in old.stderr, old.stderr
+
+
+@pytest.mark.parametrize("alloc_var", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+def test_guard_reads_both_allocator_variables(alloc_var: str) -> None:
+    refusal = profiles.load_entrypoint().refusal
+    line = refusal(["--disaggregation-mode", "prefill"], {alloc_var: "max_split_size_mb:512,expandable_segments:True"})
+    assert line and line.startswith(f"error: {alloc_var} sets expandable_segments:True")
+    assert refusal(["--disaggregation-mode", "prefill"], {alloc_var: "expandable_segments:False"}) is None
+
+
+def test_the_guard_judges_the_pinned_mooncake() -> None:
+    versions = profiles.pinned_mooncake(profiles.DEFAULT_LOCK)
+    assert versions == {"0.3.14": ["default", "pypi"]}
+    entrypoint = profiles.load_entrypoint()
+    assert entrypoint.has_dmabuf_fix("0.3.14") and not entrypoint.has_dmabuf_fix("0.3.12.post1")
+
+
+# ---------------------------------------------------------------- validate and the entrypoint's loading
+
+def test_validate_refuses_an_unknown_kernel_selection(tmp_path: Path) -> None:
+    write_profile(tmp_path, "p", needs={"kernel_selection": "kimi-k4"})
+    with pytest.raises(UserError, match=r"needs kernel_selection: 'kimi-k4' is not a selection of .*selections.json "
+                                        r"\(known: full, gpu-test-sm90, kimi-k3\)"):
+        profiles.main(["validate", "--profiles-dir", str(tmp_path)])
+
+
+def test_validate_refuses_a_flag_or_a_key_given_twice(tmp_path: Path) -> None:
+    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    data["args"] += ["--tp-size=16"]
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"p.json args: --tp-size given twice \(SGLang keeps the last one silently\)"):
+        profiles.load_profiles(tmp_path)
+    text = (profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text()
+    (tmp_path / "p.json").write_text(text.replace('"env": {', '"env": {"NCCL_SOCKET_IFNAME": "lo", ', 1))
+    with pytest.raises(UserError, match=r"p.json: key 'NCCL_SOCKET_IFNAME' appears twice in one object; keep one"):
+        profiles.load_profiles(tmp_path)
+
+
+def test_validate_runs_the_entrypoint_guard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-pd-prefill.json").read_text())
+    data["env"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    (tmp_path / "kimi-k3-pd-prefill.json").write_text(json.dumps(data))
+    with pytest.raises(UserError) as e:
+        profiles.main(["validate", "--profiles-dir", str(tmp_path)])
+    line = str(e.value)
+    assert line.startswith(f"profile {tmp_path}/kimi-k3-pd-prefill.json: the image's entrypoint guard refuses it "
+                           "(Mooncake 0.3.14, stack default, pypi): PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True")
+    assert "--disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3" in line and "\n" not in line
+    # The same profile over dma-buf registration is what 0.3.14 fixed: accepted.
+    data["env"]["WITH_NVIDIA_PEERMEM"] = "0"
+    (tmp_path / "kimi-k3-pd-prefill.json").write_text(json.dumps(data))
+    assert profiles.main(["validate", "--profiles-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "ok   kimi-k3-pd-prefill\n"
+    assert profiles.main(["validate"]) == 0, "the shipped profiles pass"
+
+
+def test_entrypoint_refuses_a_broken_shipped_profile_in_one_line(tmp_path: Path) -> None:
+    shipped = tmp_path / "profiles"
+    shipped.mkdir()
+    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    for name, broken, message in [
+        ("no-args", {k: v for k, v in data.items() if k != "args"}, "'args' is not a list of strings (the SGLang arguments)"),
+        ("env-int", {**data, "env": {"X": 1}}, "'env' is not an object of strings"),
+        ("a-list", [data], "not a JSON object"),
+    ]:
+        (shipped / f"{name}.json").write_text(json.dumps(broken))
+        script = tmp_path / "entrypoint.py"
+        script.write_text(ENTRYPOINT.read_text().replace(f'PROFILES_DIR = "{profiles.PROFILES_IMAGE_PATH}"',
+                                                         f'PROFILES_DIR = "{shipped}"'))
+        for flag in ("--profile", "--print-profile") if name == "no-args" else ("--profile",):
+            proc = subprocess.run([sys.executable, str(script), flag, name], capture_output=True, text=True,
+                                  env={"PATH": "/usr/bin:/bin"})
+            assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+            assert proc.stderr == (f"error: profile {name}: {message}; rebuild the image from profiles that pass "
+                                   "`python3 -m tools.image.profiles validate`\n")
+
+
+def entrypoint_layer_argv(tmp_path: Path, profile_files: list[Path]) -> list[str]:
+    """tools/image/entrypoint_layer.py's arguments as the entrypoint_layer rule passes them."""
+    argv = ["--entrypoint", str(ENTRYPOINT), "--entrypoint-image-path", profiles.ENTRYPOINT_IMAGE_PATH]
+    for f in profile_files:
+        argv += ["--profile", str(f)]
+    return argv + ["--profiles-image-dir", profiles.PROFILES_IMAGE_PATH, "--needs", str(profiles.DEFAULT_NEEDS),
+                   "--selections", str(profiles.DEFAULT_SELECTIONS), "--lock", str(profiles.DEFAULT_LOCK),
+                   "--name", "entrypoint", "--out", str(tmp_path / "out" / "layer.tar.gz"),
+                   "--descriptor", str(tmp_path / "out" / "layer.layer.json"), "--source-date-epoch", "1767225600"]
+
+
+def test_the_entrypoint_layer_action_refuses_a_bad_profile(tmp_path: Path) -> None:
+    shipped = sorted(profiles.DEFAULT_PROFILES_DIR.glob("*.json"))
+    bad = tmp_path / "bad" / "kimi-k3-pd-prefill.json"
+    bad.parent.mkdir()
+    data = json.loads(shipped[1].read_text())
+    assert shipped[1].name == bad.name
+    data["env"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    bad.write_text(json.dumps(data))
+    (tmp_path / "out").mkdir()
+    run = [sys.executable, "-m", "tools.image.entrypoint_layer"]
+    proc = subprocess.run([*run, *entrypoint_layer_argv(tmp_path, [shipped[0], bad, shipped[2]])],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: profile {bad}: the image's entrypoint guard refuses it")
+    assert list((tmp_path / "out").iterdir()) == [], "a refused profile leaves no layer"
+    proc = subprocess.run([*run, *entrypoint_layer_argv(tmp_path, shipped)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    # The layer is the entrypoint and the profiles, as tools/image/layer.py writes them.
+    from tools.image import layer
+    (tmp_path / "plain").mkdir()
+    files = [f"{profiles.ENTRYPOINT_IMAGE_PATH}={ENTRYPOINT}:755"]
+    files += [f"{profiles.PROFILES_IMAGE_PATH}/{f.name}={f}" for f in shipped]
+    assert layer.main(["--name", "entrypoint", "--out", str(tmp_path / "plain" / "l.tar.gz"), "--descriptor",
+                       str(tmp_path / "plain" / "l.json"), "--source-date-epoch", "1767225600",
+                       *(x for f in files for x in ("--file", f))]) == 0
+    assert (tmp_path / "out" / "layer.tar.gz").read_bytes() == (tmp_path / "plain" / "l.tar.gz").read_bytes()
 
 
 def test_profiles_show_uses_the_examples(capsys: pytest.CaptureFixture[str]) -> None:

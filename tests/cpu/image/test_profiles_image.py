@@ -102,6 +102,16 @@ MUTATIONS = {
                       ["check_server_args rejects it", "tp_size must be divisible by number of nodes"]),
     "guard-refuses": ("kimi-k3-pd-prefill", {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
                       ["entrypoint guard refuses it", "PYTORCH_CUDA_ALLOC_CONF", "kvcache-ai/Mooncake#2511"]),
+    # The guard reads the arguments with the image's SGLang parser: an abbreviation, a --config file.
+    "guard-abbreviation": ("kimi-k3-pd-prefill", {"args": {"--disaggregation-mode": "--disaggregation-mod"},
+                                                  "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+                           ["entrypoint guard refuses it", "(--disaggregation-mode prefill, transfer backend mooncake, "
+                            "Mooncake 0.3.14, RDMA on --disaggregation-ib-device mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+                            "nvidia-peermem"]),
+    "guard-config": ("kimi-k3-tp32ep32", {"add": ["--config", "/tmp/kimi-k3-guard-config.yaml"],
+                                          "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+                     ["entrypoint guard refuses it", "(--disaggregation-mode decode, transfer backend mooncake, "
+                      "Mooncake 0.3.14, RDMA on --disaggregation-ib-device mlx5_7"]),
     "module-missing": ("kimi-k3-tp32ep32", {"add": ["--attention-backend", "flashinfer"]},
                        ["--attention-backend flashinfer needs FlashInfer module batch_mla_attention",
                         "which the image's kernel cache", "lacks"]),
@@ -113,8 +123,17 @@ def test_mutated_profiles_fail_naming_the_profile_and_the_argument(image: tuple[
     for name, (src, mutation, _) in MUTATIONS.items():
         mutate(src, tmp_path, f"kimi-k3-{name}", **mutation)
     shutil.copyfile(profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json", tmp_path / "kimi-k3-tp32ep32.json")
-    verdicts = check(image, profiles_dir=tmp_path)
+    # Expandable segments over Mooncake 0.3.14's dma-buf registration (the image's pin): accepted.
+    mutate("kimi-k3-pd-prefill", tmp_path, "kimi-k3-guard-dmabuf",
+           env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "WITH_NVIDIA_PEERMEM": "0"})
+    config = smoke.inside(image[0], "/tmp/kimi-k3-guard-config.yaml")
+    config.write_text("disaggregation-mode: decode\ndisaggregation-ib-device: mlx5_7\n")
+    try:
+        verdicts = check(image, profiles_dir=tmp_path)
+    finally:
+        config.unlink()
     assert verdicts["kimi-k3-tp32ep32"].ok, "the unmutated profile in the same run passes"
+    assert verdicts["kimi-k3-guard-dmabuf"].ok and "guard accepts" in verdicts["kimi-k3-guard-dmabuf"].line
     for name, (_, _, expected) in MUTATIONS.items():
         v = verdicts[f"kimi-k3-{name}"]
         assert not v.ok, f"{name}: {v.line}"

@@ -1,16 +1,16 @@
 """kernel_cache_layer_test: analysis test of the image's kernel-cache layer (nothing is built)."""
 
 load("@bazel_skylib//lib:unittest.bzl", "analysistest", "asserts")
+load(":layer_action.bzl", "layer_action")
 
 def _kernel_cache_layer_test_impl(ctx):
     env = analysistest.begin(ctx)
-    actions = [a for a in analysistest.target_actions(env) if a.mnemonic == "OciLayer"]
-    asserts.equals(env, 1, len(actions), "OciLayer actions of the target under test")
-    if actions:
-        inputs = [f.short_path for f in actions[0].inputs.to_list()]
+    action = layer_action(env)
+    if action:
+        inputs = [f.short_path for f in action.inputs.to_list()]
         caches = [p for p in inputs if p.startswith("kernel_cache/")]
         asserts.equals(env, [ctx.attr.expected_tree], caches, "kernel cache trees the layer takes")
-        argv = actions[0].argv
+        argv = action.argv
         i = argv.index("--kernel-cache-arch") if "--kernel-cache-arch" in argv else -1
         asserts.true(env, i >= 0 and argv[i + 1] == ctx.attr.expected_arch,
                      "the layer action must run its arch guard with --kernel-cache-arch %s: %s" % (ctx.attr.expected_arch, argv))

@@ -1,4 +1,6 @@
-"""oci_layer: one reproducible layer blob + its descriptor (tools/image/layer.py)."""
+"""oci_layer: one reproducible layer blob + its descriptor (tools/image/layer.py);
+entrypoint_layer: the image's entrypoint and launch profiles, checked first
+(tools/image/entrypoint_layer.py)."""
 
 load(":common.bzl", "PY_TOOLCHAIN", "run_tool", "tool_attr")
 load(":providers.bzl", "LayerInfo")
@@ -63,6 +65,48 @@ oci_layer = rule(
         "trees": attr.label_keyed_string_dict(allow_files = True, doc = "directory -> image directory"),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
         "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
+        "source_date_epoch": attr.string(mandatory = True),
+    },
+    toolchains = PY_TOOLCHAIN,
+)
+
+def _entrypoint_layer_impl(ctx):
+    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    descriptor = ctx.actions.declare_file(ctx.label.name + ".layer.json")
+    args = ctx.actions.args()
+    args.add("--entrypoint", ctx.file.entrypoint)
+    args.add("--entrypoint-image-path", ctx.attr.entrypoint_image_path)
+    for f in ctx.files.profiles:
+        args.add("--profile", f)
+    args.add("--profiles-image-dir", ctx.attr.profiles_image_dir)
+    args.add("--needs", ctx.file.needs)
+    args.add("--selections", ctx.file.selections)
+    args.add("--lock", ctx.file.lock)
+    args.add("--name", ctx.attr.layer_name or ctx.label.name.removeprefix("layer_"))
+    args.add("--out", blob)
+    args.add("--descriptor", descriptor)
+    args.add("--source-date-epoch", ctx.attr.source_date_epoch)
+    inputs = [ctx.file.entrypoint, ctx.file.needs, ctx.file.selections, ctx.file.lock] + ctx.files.profiles
+    run_tool(ctx, "image.entrypoint_layer", args, inputs, [blob, descriptor], "OciLayer",
+             "Checking the launch profiles and writing image layer %{label}")
+    return [
+        DefaultInfo(files = depset([blob, descriptor])),
+        LayerInfo(blob = blob, descriptor = descriptor),
+    ]
+
+entrypoint_layer = rule(
+    implementation = _entrypoint_layer_impl,
+    doc = "The entrypoint layer: the launch profiles validated with the entrypoint's own guard, then " +
+          "the entrypoint (mode 755) and the profiles written as one reproducible layer.",
+    attrs = tool_attr("//tools/image:entrypoint_layer") | {
+        "layer_name": attr.string(doc = "name recorded in the manifest annotation (default: target name without layer_)"),
+        "entrypoint": attr.label(allow_single_file = True, mandatory = True),
+        "entrypoint_image_path": attr.string(mandatory = True),
+        "profiles": attr.label_list(allow_files = [".json"], mandatory = True, doc = "the launch profiles NAME.json"),
+        "profiles_image_dir": attr.string(mandatory = True),
+        "needs": attr.label(allow_single_file = True, mandatory = True, doc = "image/backend_needs.json"),
+        "selections": attr.label(allow_single_file = True, mandatory = True, doc = "kernel_cache/selections.json"),
+        "lock": attr.label(allow_single_file = True, mandatory = True, doc = "the pins lock (each stack's Mooncake)"),
         "source_date_epoch": attr.string(mandatory = True),
     },
     toolchains = PY_TOOLCHAIN,
