@@ -367,7 +367,7 @@ def test_validate_refuses_a_flag_or_a_key_given_twice(tmp_path: Path) -> None:
         profiles.load_profiles(tmp_path)
     text = (profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text()
     (tmp_path / "p.json").write_text(text.replace('"env": {', '"env": {"NCCL_SOCKET_IFNAME": "lo", ', 1))
-    with pytest.raises(UserError, match=r"p.json: key 'NCCL_SOCKET_IFNAME' appears twice in one object; keep one"):
+    with pytest.raises(UserError, match=r"p.json: key 'NCCL_SOCKET_IFNAME' appears twice in one object \(the object at line \d+\); remove one"):
         profiles.load_profiles(tmp_path)
 
 
