@@ -5,6 +5,8 @@
 - files: atomic writes (a temp sibling, then a rename: readers never see half a file)
 - jsonfmt: the two JSON encodings, each named for what it is for
 - cache: the artifact cache root every stage shares
+- credentials: the credentials in URLs of the variables tools/bazel forwards, kept out of Bazel
+  (stripped for it, restored in the tools that make the requests)
 - progress: progress of long work (done/total, rate, ETA) on stderr
 
 Standard library only: repository rules run these files before any venv exists.
