@@ -6,6 +6,8 @@
 - jsonfmt: the two JSON encodings, each named for what it is for, and the reader that refuses a
   key twice (loads_unique_keys)
 - cache: the artifact cache root every stage shares
+- credentials: the credentials in URLs of the variables tools/bazel forwards, kept out of Bazel
+  (stripped for it, restored in the tools that make the requests)
 - progress: progress of long work (done/total, rate, ETA) on stderr
 
 Standard library only: repository rules run these files before any venv exists.

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.common import cache as cache_env
+from tools.common import credentials
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_file
 from tools.common.progress import human_bytes
@@ -300,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError("add-pypi is a command of tools.pins.pypi: run `python3 -m tools.pins.pypi add-pypi "
                         "NAME==VERSION` (same flags, e.g. --lock, --platform, --python, --pin-name, --index-url)")
     args = build_parser().parse_args(argv)
+    credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
     if args.command == "mirror":
         if not args.mirror_dir:
             if not args.mirror:

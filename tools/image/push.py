@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from tools.common import credentials
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
@@ -575,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--authfile", type=Path, help="docker/containers auth file")
     p.add_argument("--stop-local-registry", action="store_true", help="stop the registry this tool started")
     args = p.parse_args(argv)
+    credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
     if args.stop_local_registry:
         return stop_local_registry()
     if args.layout is None:

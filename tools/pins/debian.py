@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tools.common import cache as cache_env
+from tools.common import credentials
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
@@ -900,6 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
     return int(args.func(args))
 
 

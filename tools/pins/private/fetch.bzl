@@ -18,6 +18,9 @@ _TOOL_FILES = [Label("//tools:__init__.py")]
 # Variables a fetch reads: the interpreter, the cache, mirror directories and proxies.
 FETCH_ENVIRON = ["KIMI_K3_PYTHON", "KIMI_K3_CACHE", "KIMI_K3_MIRROR"]
 
+# tools/common/credentials.py ENV: the private file of the forwarded variables' credentials.
+CREDENTIALS_ENV = "KIMI_K3_CREDENTIALS_FILE"
+
 def watch_python_sources(rctx, packages = _TOOL_PACKAGES):
     """Watch every .py file of the tool packages (subdirectories too), but not the directory
     listings (readdir(watch = "no")): `__pycache__` appearing after a plain `python3 -m
@@ -42,7 +45,11 @@ def tool_env(rctx):
     """Environment for `python3 -m tools.<stage>` run from a repository rule."""
     workspace = rctx.path(Label("//:MODULE.bazel")).dirname
     env = {"PYTHONPATH": str(workspace), "PYTHONDONTWRITEBYTECODE": "1"}
-    for k in ["KIMI_K3_CACHE", "KIMI_K3_MIRROR", "http_proxy", "https_proxy", "no_proxy"]:
+
+    # CREDENTIALS_ENV: the proxies' credentials, which tools/bazel keeps out of Bazel
+    # (tools/common/credentials.py). Not watched (not in FETCH_ENVIRON): its path is new with
+    # every command, and what it holds never changes what a pin fetches.
+    for k in ["KIMI_K3_CACHE", "KIMI_K3_MIRROR", "http_proxy", "https_proxy", "no_proxy", CREDENTIALS_ENV]:
         if k in rctx.os.environ:
             env[k] = rctx.os.environ[k]
     return env

@@ -8,6 +8,8 @@ toolchain, so this extension does the two things we need with pip itself:
 then registers the venv's interpreter as the py_runtime of a toolchain.
 """
 
+load(":fetch.bzl", "CREDENTIALS_ENV")
+
 _WANT_PYTHON = "3.11"
 
 # pip settings that point at this machine's local wheel sources (find-links, file indexes,
@@ -34,13 +36,18 @@ h.update(("\\0%s\\0%s" % (os.path.realpath(sys.executable), sys.version)).encode
 print(h.hexdigest()[:24])
 """
 
-# Runs under `flock <venv>.lock`: reuse a complete venv, else build it afresh in place.
+# Runs under `flock <venv>.lock`: reuse a complete venv, else build it afresh in place. pip gets
+# back the credentials of its index and proxy URLs, which tools/bazel keeps out of Bazel (and so
+# out of this rule's marker file and the output base's logs), from tools/bazel's private file.
 _BUILD_SCRIPT = """
 import os, shutil, subprocess, sys
-venv, lock = sys.argv[1], sys.argv[2]
+venv, lock, workspace = sys.argv[1], sys.argv[2], sys.argv[3]
 marker = os.path.join(venv, ".kimi-k3-complete")
 if os.path.exists(marker) and os.path.exists(os.path.join(venv, "bin", "python3")):
     sys.exit(0)
+sys.path.insert(0, workspace)
+from tools.common import credentials
+credentials.restore()
 shutil.rmtree(venv, ignore_errors=True)
 subprocess.run([sys.executable, "-m", "venv", venv], check=True)
 subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--require-hashes", "--no-deps",
@@ -85,7 +92,7 @@ def _venv_impl(rctx):
     venv = "%s/%s-%s" % (venvs, rctx.attr.requirements_lock.name.removesuffix(".txt"), key.stdout.strip())
     _fail_on(rctx.execute(["mkdir", "-p", venvs]), "mkdir -p " + venvs)
 
-    env = {k: rctx.os.environ[k] for k in _PIP_ENV if k in rctx.os.environ}
+    env = {k: rctx.os.environ[k] for k in _PIP_ENV + [CREDENTIALS_ENV] if k in rctx.os.environ}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     rctx.report_progress("venv %s (pip install --require-hashes -r %s)" % (venv, rctx.attr.requirements_lock.name))
@@ -93,7 +100,7 @@ def _venv_impl(rctx):
     # Built once per key under a lock (concurrent first builds build it once); a venv counts
     # only once its completion marker exists, so a killed build is redone, never used.
     _fail_on(rctx.execute(
-        ["flock", venv + ".lock", python, "-c", _BUILD_SCRIPT, venv, str(lock)],
+        ["flock", venv + ".lock", python, "-c", _BUILD_SCRIPT, venv, str(lock), str(rctx.path(Label("//:MODULE.bazel")).dirname)],
         environment = env,
         timeout = 3600,
         quiet = False,
