@@ -5,10 +5,10 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
 from tools.common.errors import UserError
+from tools.common.files import dir_replaced_atomically
 
 
 def check_writable_path(path: Path, what: str, *, directory: bool) -> None:
@@ -69,19 +69,7 @@ def extract_tar(tar_path: Path, out: Path) -> Path:
                         f"3.10.12+ or 3.11.4+), this is Python {sys.version.split()[0]}: run tools/fetch with a "
                         "newer python3")
     check_writable_path(out, "output", directory=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with dir_replaced_atomically(out) as tmp:
         with tarfile.open(tar_path) as tar:
             tar.extractall(tmp, filter="data")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
