@@ -50,6 +50,13 @@ def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
 
 
+def workspace_path(path: Path) -> Path:
+    """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree and
+    names the source tree in BUILD_WORKSPACE_DIRECTORY): how a run target writes a checked-in file."""
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    return Path(workspace) / path if workspace and not path.is_absolute() else path
+
+
 def temp_dir_sibling(path: Path) -> Path:
     """A new empty 0755 directory beside `path` for the caller to fill and replace_dir onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)

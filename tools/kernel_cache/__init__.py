@@ -18,5 +18,6 @@ Bazel knows every object at analysis time and runs one cached action per object
 Modules: tree (digests, the tree), modules (modules.json, arch lists), toolchain, probe (the
 generators' subprocess), plan (ninja -> plan, the plan file, drift), actions (one object, one
 link, assemble, spec files), build (the non-Bazel build), verify, cli (`python3 -m
-tools.kernel_cache`).
+tools.kernel_cache`), plans (the checked-in plans as a set: their recorded inputs checked,
+every one regenerated from its stack's patch-gate tree; `python3 -m tools.kernel_cache.plans`).
 """

@@ -9,7 +9,7 @@ same (arch, selection, variant): a renamed or mislabelled plan fails loading, na
 """
 
 load("@kernel_cache_plans//:plans.bzl", "PLAN_CONTENTS")
-load("//tools/pins:defs.bzl", "DEFAULT_STACK", "STACKS")
+load("//tools/pins:defs.bzl", "DEFAULT_STACK", "ROLE_PINS", "STACKS")
 load(":constants.bzl", "ARCHS", "VARIANTS")
 
 _ARCH_BY_SLUG = {slug: arch for arch, slug in ARCHS.items()}
@@ -56,3 +56,24 @@ PLANS = index_plans(PLAN_CONTENTS, STACKS, DEFAULT_STACK)
 # Kernel selections (kernel_cache/selections.json) with a checked-in plan: name -> arch. The
 # selection `full` (everything FlashInfer compiles) is planned per variant instead.
 SELECTIONS = {p.base: a for (a, _), p in PLANS.items() if p.base not in VARIANTS}
+
+def _plans_tool():
+    """The arguments and data of `python3 -m tools.kernel_cache.plans check|update` for every
+    checked-in plan: --plan FILE=STACK, each such stack's pinned flashinfer-python wheel, the lock,
+    modules.json, selections.json and the FlashInfer patch folder."""
+    stacks = sorted({p.stack: None for p in PLANS.values()}.keys())
+    wheels = {s: "@pins//:" + ROLE_PINS[s]["flashinfer"] for s in stacks}
+    inputs = {
+        "--lock": "//third_party:pins.lock.json",
+        "--modules": "//kernel_cache:modules.json",
+        "--selections": "//kernel_cache:selections.json",
+    }
+    args = ["--plan=$(rootpath //kernel_cache:%s)=%s" % (p.file, p.stack) for p in PLANS.values()]
+    args += ["--wheel=%s=$(rootpath %s)" % (s, w) for s, w in wheels.items()]
+    args += ["%s=$(rootpath %s)" % (flag, label) for flag, label in inputs.items()]
+    args.append("--patch-dir=flashinfer_patches")
+    data = ["//kernel_cache:" + p.file for p in PLANS.values()] + inputs.values() + ["//flashinfer_patches:series"]
+    return args, data + {w: None for w in wheels.values()}.keys()  # stacks may share a wheel
+
+# For //kernel_cache:update_plans and //tests/cpu/kernel_cache:plans_current.
+PLANS_TOOL_ARGS, PLANS_TOOL_DATA = _plans_tool()
