@@ -5,10 +5,16 @@ report there lets .ci/run count test cases (not just targets) from bazel-testlog
 """
 from __future__ import annotations
 
+import json
 import os
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+REPO_ROOT = Path(__file__).absolute().parents[2]
+PINS_LOCK = REPO_ROOT / "third_party" / "pins.lock.json"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,3 +49,20 @@ def pinned_toolchain_paths() -> tuple[str, str]:
     identity files a test gets as data (tests/cpu/kernel_cache/BUILD.bazel TOOLCHAIN_ENV)."""
     return (str(env_path("KIMI_KC_CUDA_IDENTITY").absolute().parent),
             str(env_path("KIMI_KC_USERLAND_IDENTITY").absolute().parent))
+
+
+@lru_cache(maxsize=1)
+def pins_lock() -> dict[str, Any]:
+    """third_party/pins.lock.json as data (every CPU test has it: //tests/cpu:conftest's data)."""
+    return json.loads(PINS_LOCK.read_text())
+
+
+def stack_pin(stack: str, role: str) -> str:
+    """The pin name of a stack's role (sglang, flashinfer, torch, ...) in the lock."""
+    return pins_lock()["stacks"][stack][role]
+
+
+def stack_version(stack: str, role: str) -> str:
+    """The upstream version of a stack's role: stacks -> pins -> package.version in the lock, so
+    tests follow a version bump instead of naming versions."""
+    return pins_lock()["pins"][stack_pin(stack, role)]["package"]["version"]

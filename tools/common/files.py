@@ -1,13 +1,25 @@
 """Atomic writes: a temp sibling in the same directory, then os.replace, so a reader (or a
 killed run) never sees half a file. Files come out 0644: mkstemp's 0600 would otherwise leak into
-committed files (manifests, plans) and image layers."""
+committed files (manifests, plans) and image layers. Directories the same way: built in a temp
+sibling (0755, not mkdtemp's 0700), then swapped into place by replace_dir, the one helper every
+stage uses for it."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
+
+from tools.common.errors import UserError
 
 MODE = 0o644
+DIR_MODE = 0o755
 
 
 def temp_sibling(path: Path, suffix: str = ".tmp") -> Path:
@@ -36,3 +48,86 @@ def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
 
 def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
+
+
+def workspace_path(path: Path) -> Path:
+    """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree and
+    names the source tree in BUILD_WORKSPACE_DIRECTORY): how a run target writes a checked-in file."""
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    return Path(workspace) / path if workspace and not path.is_absolute() else path
+
+
+def temp_dir_sibling(path: Path) -> Path:
+    """A new empty 0755 directory beside `path` for the caller to fill and replace_dir onto it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp.chmod(DIR_MODE)
+    return tmp
+
+
+def replace_dir(new: Path, target: Path, what: str = "output") -> None:
+    """Put the finished directory `new` (on the file system of `target`) in place of `target`
+    (absent or a previous output); `new` is gone afterwards.
+
+    Readers always find a directory at `target`, the old tree or the new one, never a mix: a
+    previous output is swapped out with one rename(RENAME_EXCHANGE) where the file system has it
+    (elsewhere two renames leave a moment without one). Concurrent replacements in one directory
+    are serialised by an flock on that directory itself (without it their renames race:
+    ENOTEMPTY, a vanished target), so no lock file is left behind. The previous tree is removed
+    after the lock is released: deleting a large tree must not hold up other writers.
+    """
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise UserError(f"{what} {target}: exists and is not a directory; remove it or pick another path")
+    parent = target.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    garbage: Path | None = None  # what holds the previous output afterwards
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise UserError(f"{what} {target}: exists and is not a directory; remove it or pick another path")
+        if not target.exists():
+            os.rename(new, target)
+        elif _exchange(new, target):
+            garbage = new
+        else:
+            garbage = Path(tempfile.mkdtemp(prefix=f".{target.name}.previous-", dir=parent))
+            os.rename(target, garbage / "tree")
+            os.rename(new, target)
+    finally:
+        os.close(fd)  # releases the flock
+    if garbage is not None:
+        shutil.rmtree(garbage)
+
+
+@contextlib.contextmanager
+def dir_replaced_atomically(target: Path, what: str = "output") -> Iterator[Path]:
+    """`with dir_replaced_atomically(out) as tmp:` fill tmp (a temp_dir_sibling); on success it
+    replaces `out` (replace_dir), on any error it is removed and `out` stays as it was."""
+    tmp = temp_dir_sibling(target)
+    try:
+        yield tmp
+        replace_dir(tmp, target, what)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:  # C libraries before glibc 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))

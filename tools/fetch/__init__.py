@@ -7,8 +7,10 @@ and `git_diff` pins (`add-git-diff`). Nothing unverified ever enters the cache.
 
 Modules: cache (the content-addressed cache, entry locks, eviction), sources (mirror files and
 HTTP downloads capped at the lock's size, falling through bad sources), git (git pins and the
-canonical diff), place (--out files and trees, whole or not at all), cli (the commands).
-Package graph: tools.common <- tools.pins.lock <- tools.fetch <- tools.pins.debian (the Debian
-lock's .debs); nothing else in tools.pins imports this package. Stdlib only: this runs inside Bazel repository rules with a bare interpreter.
+canonical diff), place (--out files and trees, whole or not at all), cli (the commands),
+debian (the Debian sets' .debs: fetch, mirror, extract, flat repository; the Debian CLI).
+Package graph: tools.common <- tools.pins (lock, debian) <- tools.fetch; no tools.pins module
+imports this package (the Debian CLI's entry point aside). Stdlib only: this runs inside Bazel
+repository rules with a bare interpreter.
 Layout and environment (KIMI_K3_CACHE, KIMI_K3_MIRROR) are in docs/DESIGN.md.
 """

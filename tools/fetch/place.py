@@ -6,10 +6,10 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
 from tools.common.errors import UserError, cannot_write
+from tools.common.files import dir_replaced_atomically
 
 
 def check_writable_path(path: Path, what: str, *, directory: bool) -> None:
@@ -90,23 +90,9 @@ def extract_tar(tar_path: Path, out: Path) -> Path:
                         "newer python3")
     check_writable_path(out, "output", directory=True)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
+        with dir_replaced_atomically(out) as tmp:
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(tmp, filter="data")
+    except OSError as e:  # the tar is a verified CAS entry: a failed write (a full disk)
         raise write_failed(e, out, "--out") from None
-    try:
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(tmp, filter="data")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):  # the tar is a verified CAS entry: a failed write (a full disk)
-            raise write_failed(e, out, "--out") from None
-        raise
     return out

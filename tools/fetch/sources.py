@@ -176,7 +176,7 @@ REPIN_HINT = "re-pin with `python3 -m tools.pins.pypi add-pypi` or `python3 -m t
 def unavailable(pin: Pin, failures: Sequence[str], corrupt: bool = False, *, fill_hint: str | None = None,
                 repin_hint: str | None = None) -> UserError:
     """The one-line error when no source delivered `pin`. Callers whose pins live in another lock
-    (tools.pins.debian) pass their own mirror-fill and re-pin commands."""
+    (tools.fetch.debian: the Debian lock) pass their own mirror-fill and re-pin commands."""
     tried = "; ".join(failures) if failures else "no mirror and no origin URL"
     bad = (f"; a source served wrong bytes: fix or remove it, or if every source agrees the lock is wrong "
            f"({repin_hint or REPIN_HINT})") if corrupt else ""

@@ -8,10 +8,6 @@
     sbom               tools/image/sbom.py: the SPDX document shipped in the image
     oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
     oci_push           `bazel run` target: tools/image/push.py on that layout
-    kernel_cache_layer_test   analysis test: the kernel-cache layer's tree and arch guard
-    entrypoint_layer_test     analysis test: the entrypoint layer's action checks every profile it ships
-    kernel_cache_layer_pypi_test   the same under the pypi stack
-    image_config_files targets built for a stack's image (the launch-profile check's inputs)
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
 re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
@@ -19,13 +15,11 @@ sees identical inputs and is a cache hit. Each rule's tool is a py_library label
 (//tools/image:layer, :sbom, ...): the action's tool inputs are that library's transitive
 sources only, so an edit to another tool (say smoke.py) invalidates none of the layer actions.
 SOURCE_DATE_EPOCH is a mandatory attribute (the BUILD file's constant), never the wall clock, so
-the same inputs give the same digests. Rule internals: tools/image/private/.
+the same inputs give the same digests. Rule internals: tools/image/private/; rules only the
+image's tests use: tools/image/testing.bzl.
 """
 
 load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_directory")
-load("//tools/image/private:entrypoint_layer_test.bzl", _entrypoint_layer_test = "entrypoint_layer_test")
-load("//tools/image/private:image_config_files.bzl", _image_config_files = "image_config_files")
-load("//tools/image/private:kernel_cache_layer_test.bzl", _kernel_cache_layer_pypi_test = "kernel_cache_layer_pypi_test", _kernel_cache_layer_test = "kernel_cache_layer_test")
 load("//tools/image/private:layer.bzl", _entrypoint_layer = "entrypoint_layer", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
@@ -40,8 +34,4 @@ empty_directory = _empty_directory
 sbom = _sbom
 oci_image_layout = _oci_image_layout
 oci_push = _oci_push
-kernel_cache_layer_test = _kernel_cache_layer_test
-kernel_cache_layer_pypi_test = _kernel_cache_layer_pypi_test
-entrypoint_layer_test = _entrypoint_layer_test
-image_config_files = _image_config_files
 LayerInfo = _LayerInfo

@@ -20,13 +20,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
 from tools.image.layer import compression_id, source_date_epoch
@@ -232,9 +232,7 @@ def build_image(out: Path, layers: Sequence[Layer], epoch: int, *, env: Sequence
     index_bytes = canonical_json(index)
 
     out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with dir_replaced_atomically(out, "--out") as tmp:
         (tmp / "blobs" / "sha256").mkdir(parents=True)
         for layer in layers:
             _put_blob(tmp, layer)
@@ -247,16 +245,6 @@ def build_image(out: Path, layers: Sequence[Layer], epoch: int, *, env: Sequence
             os.chmod(p, 0o755)
         for p in [tmp / "oci-layout", tmp / "index.json", *(blob_path(tmp, sha256_digest(d)) for d in (config_bytes, manifest_bytes))]:
             os.chmod(p, 0o644)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / "layout")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return BuiltImage(layout=out, manifest_digest=sha256_digest(manifest_bytes),
                       config_digest=sha256_digest(config_bytes), index_digest=sha256_digest(index_bytes),
                       layers=tuple(layers))

@@ -38,6 +38,7 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import write_text_atomic
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
+from tools.fetch.debian import local_repository
 from tools.image.layer import SITE_PACKAGES, source_date_epoch
 from tools.pins import debian
 
@@ -137,7 +138,7 @@ def debian_rootfs(out: Path, lock: Path, set_name: str, epoch: int, repo: Path |
         cached.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{set_name}-repo.", dir=cached.parent) as scratch:
             if repo is None:
-                repo = debian.local_repository(deb_set, Path(scratch) / "repo", cache_dir)
+                repo = local_repository(deb_set, Path(scratch) / "repo", cache_dir)
             tmp = cached.parent / f".{os.getpid()}.{cached.name}"  # ends in .tar, as mmdebstrap's format
             env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
             started = time.monotonic()

@@ -25,13 +25,12 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
-from tools.common.files import temp_sibling
+from tools.common.files import dir_replaced_atomically, temp_sibling
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.kernel_cache.plan import find_module
 from tools.kernel_cache.toolchain import Toolchain, real_roots
@@ -252,19 +251,9 @@ def assemble(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping[str, Pa
     missing = [m["name"] for m in plan["modules"] if m["name"] not in module_sos]
     if missing:
         raise UserError(f"assemble: no .so given for modules {missing}; pass --module-so NAME=PATH")
-    out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with dir_replaced_atomically(out.absolute(), "--out") as tmp:
         aot = tmp / AOT_SUBDIR
         for name, so in module_sos.items():
             (aot / name).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(so, aot / name / f"{name}.so")
-        data = write_cache_json(plan, tc, {n: aot / n / f"{n}.so" for n in module_sos}, aot)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return data
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return write_cache_json(plan, tc, {n: aot / n / f"{n}.so" for n in module_sos}, aot)

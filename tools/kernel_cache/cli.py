@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any, Sequence
 import tools.kernel_cache
 from tools.common.cache import cache_root
 from tools.common.errors import UserError
-from tools.common.files import write_text_atomic
+from tools.common.files import replace_dir, temp_dir_sibling, write_text_atomic
 from tools.kernel_cache.actions import (Fill, assemble, check_nvcc, compile_one, link_one,
                                         link_spec, object_spec, read_spec)
 from tools.kernel_cache.modules import VARIANTS, check_arch, load_modules
@@ -205,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not decls:
             raise UserError(f"--module {args.module}: not in {args.modules}")
         module = find_module(plan, args.module)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.absolute().parent))
+        tmp = temp_dir_sibling(args.out.absolute())
         try:
             run_probe(check_tree(args.flashinfer_tree), decls, plan["arch"], plan["variant"], tc,
                       gen_out=tmp, selections=planned_selections(plan))
@@ -213,9 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if got != module["gen_digest"]:
                 raise UserError(f"module {args.module}: generated sources {got[:16]} differ from "
                                 f"the plan's {module['gen_digest'][:16]}; regenerate the plan")
-            if args.out.exists():
-                shutil.rmtree(args.out)
-            os.replace(tmp / args.module, args.out)
+            replace_dir(tmp / args.module, args.out.absolute(), "--out")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0

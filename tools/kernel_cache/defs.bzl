@@ -30,7 +30,7 @@ toolchain's identity (pins by sha256) into kernel_cache.json.
 Every action's tool inputs are the sources of the py_library //tools/kernel_cache:actions (and its
 deps), so only an edit to what the actions run invalidates compiled objects.
 
-    kernel_cache_plan_settings(selection, variant, stack)
+    kernel_cache_plan_settings(selection, variant, stack, plans)
 
 the config settings that pick a plan by arch, selection, variant and stack
 (private/plan_settings.bzl).
@@ -39,18 +39,26 @@ the config settings that pick a plan by arch, selection, variant and stack
 
 an empty tree for a cache target that is only analysed (//kernel_cache:spec_cache).
 
-ARCHS, VARIANTS, SELECTIONS, DEFAULT_SELECTION, PLAN_FILES, SPEC_SCHEMA: what //kernel_cache's
-BUILD file declares its settings and plans from (a plan is picked by arch and "plan": a variant
-of the `full` selection, or a kernel selection's name; see //kernel_cache:BUILD.bazel).
+ARCHS, VARIANTS, DEFAULT_SELECTION, SPEC_SCHEMA: constants (private/constants.bzl). PLANS
+((arch, plan) -> struct(file, plan, stack, base)) and SELECTIONS (selection -> arch): every
+checked-in kernel_cache/plan_*.bzl, indexed by its file name (private/plans.bzl), what
+//kernel_cache's BUILD file declares its settings and plans from (a plan is picked by arch and
+"plan": a variant of the `full` selection or a kernel selection's name, ".<stack>" for a stack
+other than the default; see //kernel_cache:BUILD.bazel). PLANS_TOOL_ARGS, PLANS_TOOL_DATA: what
+`python3 -m tools.kernel_cache.plans` gets for them (//kernel_cache:update_plans and the CPU
+check //tests/cpu/kernel_cache:plans_current).
 """
 
-load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _DEFAULT_SELECTION = "DEFAULT_SELECTION", _PLAN_FILES = "PLAN_FILES", _SELECTIONS = "SELECTIONS", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
+load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _DEFAULT_SELECTION = "DEFAULT_SELECTION", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
 load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache", _flashinfer_tree_stand_in = "flashinfer_tree_stand_in")
 load("//tools/kernel_cache/private:plan_settings.bzl", _kernel_cache_plan_settings = "kernel_cache_plan_settings")
+load("//tools/kernel_cache/private:plans.bzl", _PLANS = "PLANS", _PLANS_TOOL_ARGS = "PLANS_TOOL_ARGS", _PLANS_TOOL_DATA = "PLANS_TOOL_DATA", _SELECTIONS = "SELECTIONS")
 
 ARCHS = _ARCHS
 DEFAULT_SELECTION = _DEFAULT_SELECTION
-PLAN_FILES = _PLAN_FILES
+PLANS = _PLANS
+PLANS_TOOL_ARGS = _PLANS_TOOL_ARGS
+PLANS_TOOL_DATA = _PLANS_TOOL_DATA
 SELECTIONS = _SELECTIONS
 SPEC_SCHEMA = _SPEC_SCHEMA
 VARIANTS = _VARIANTS

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
+from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_bytes
 from tools.kernel_cache.tree import dir_digest
 
@@ -299,9 +300,7 @@ def unpack_tvm_ffi(wheel: Path, out: Path) -> Path:
         if not headers or not version:
             raise UserError(f"--wheel {wheel}: no tvm_ffi/include/ or version in it; pass an "
                             "apache-tvm-ffi wheel")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with dir_replaced_atomically(out, "--out") as tmp:
             for n in headers:
                 dst = tmp / n[len("tvm_ffi/"):]
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -309,20 +308,13 @@ def unpack_tvm_ffi(wheel: Path, out: Path) -> Path:
             (tmp / TVM_FFI_IDENTITY_FILE).write_text(json.dumps(
                 {"version": version, "wheel": wheel.name, "sha256": sha256_file(wheel)},
                 indent=1, sort_keys=True) + "\n")
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return out
 
 
 def write_cuda_stubs(tc: Toolchain, out: Path) -> Path:
     """Link-time stub dir: a libcuda.so stub (no driver on build hosts; soname libcuda.so.1 like
     the real stub), built with the toolchain's own compiler, unless the CUDA root has one."""
-    tmp = Path(tempfile.mkdtemp(prefix=".stubs-", dir=out.parent))
-    try:
+    with dir_replaced_atomically(out, "--out") as tmp:
         real_stub = tc.cuda_home / "lib64" / "stubs" / "libcuda.so"
         if not real_stub.exists():
             src = tmp / "empty.c"
@@ -335,10 +327,4 @@ def write_cuda_stubs(tc: Toolchain, out: Path) -> Path:
                                 "stub; see output above")
             src.unlink()
             os.symlink("libcuda.so", tmp / "libcuda.so.1")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-from typing import Callable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_bytes, sha256_file
@@ -28,24 +28,44 @@ def _tree_files(root: Path, skip: Callable[[Path], bool]) -> Iterator[Path]:
                 yield d / n
 
 
+def _digest(entries: Iterable[tuple[str, str]]) -> str:
+    return sha256_bytes("".join(f"{rel}\0{sha}\n" for rel, sha in entries).encode())
+
+
 def dir_digest(root: Path, skip: Callable[[Path], bool] = lambda p: False) -> str:
-    """sha256 over (relative path, content sha256) of every file, in sorted order. File modes
-    are left out: they don't change compiled code, and wheel unpackers disagree on them."""
-    lines = (f"{p.relative_to(root).as_posix()}\0{sha256_file(p)}\n"
-             for p in _tree_files(root, skip))
-    return sha256_bytes("".join(lines).encode())
+    """sha256 over (relative path, content sha256) of every file, in walk order (walk_order).
+    File modes are left out: they don't change compiled code, and wheel unpackers disagree on
+    them."""
+    return _digest((p.relative_to(root).as_posix(), sha256_file(p)) for p in _tree_files(root, skip))
+
+
+def walk_order(rel: str) -> tuple[tuple[int, str], ...]:
+    """Sort key giving _tree_files' order for relative paths: in each directory its files (by
+    name), then its subdirectories (by name), each walked in turn."""
+    parts = rel.split("/")
+    return (*((1, d) for d in parts[:-1]), (0, parts[-1]))
+
+
+def _flashinfer_skips(parts: Sequence[str]) -> bool:
+    """Build outputs and caches under flashinfer/ (parts relative to the tree), not sources:
+    aot/ is where this stage writes."""
+    return tuple(parts[:len(AOT_SUBDIR.parts)]) == AOT_SUBDIR.parts or "__pycache__" in parts \
+        or PurePosixPath(parts[-1]).suffix == ".pyc"
 
 
 def flashinfer_source_digest(tree: Path) -> str:
     """Digest of the patched FlashInfer package: every file under flashinfer/ except build
     outputs (aot/ is where this stage writes; caches and bytecode are not sources)."""
-    pkg = tree / "flashinfer"
-    aot = tree / AOT_SUBDIR
+    return dir_digest(tree / "flashinfer", lambda p: _flashinfer_skips(p.relative_to(tree).parts))
 
-    def skip(p: Path) -> bool:
-        return p == aot or p.name == "__pycache__" or p.suffix == ".pyc"
 
-    return dir_digest(pkg, skip)
+def flashinfer_source_digest_of(files: Mapping[str, str]) -> str:
+    """flashinfer_source_digest of a tree holding exactly `files` (path relative to the tree ->
+    content sha256), without the tree: e.g. a wheel's members with a patch manifest's changes."""
+    prefix = "flashinfer/"
+    kept = {rel[len(prefix):]: sha for rel, sha in files.items()
+            if rel.startswith(prefix) and not _flashinfer_skips(rel.split("/"))}
+    return _digest((rel, kept[rel]) for rel in sorted(kept, key=walk_order))
 
 
 def check_tree(tree: Path) -> Path:

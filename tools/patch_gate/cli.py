@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Sequence
 
 import tools.patch_gate
-from tools.common.files import write_bytes_atomic
+from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.hashing import sha256_file
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.gate import GateInputs, GateResult, log, render_table, run_gate, write_remapped
 from tools.patch_gate.gitapply import GitApply
-from tools.patch_gate.manifest import (build_manifest, check_manifest, install_manifest, print_drift, workspace_path,
+from tools.patch_gate.manifest import (build_manifest, check_manifest, install_manifest, print_drift,
                                        write_manifest)
 from tools.patch_gate.remap import WheelLayout, remap_patch
 from tools.patch_gate.series import load_lock, parse_pin_files, read_series, resolve_series, verify_pin_sha256

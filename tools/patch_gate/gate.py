@@ -6,10 +6,6 @@ with an expected manifest, nothing drifted) is the full tree written, by one ren
 """
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
-import os
 import re
 import shutil
 import sys
@@ -19,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tools.common.errors import UserError
+from tools.common.files import dir_replaced_atomically, replace_dir
 from tools.common.hashing import sha256_file
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.gitapply import GitApply, diagnose_conflict, parse_git_apply_output
@@ -37,55 +34,6 @@ STATE_EXCLUDED = "excluded"
 def log(message: str) -> None:
     """Progress to stderr (stdout carries the table)."""
     print(f"patch_gate: {message}", file=sys.stderr, flush=True)
-
-
-def replace_dir(new: Path, target: Path) -> None:
-    """Put a finished directory in place of `target` (absent or a previous output).
-
-    Concurrent applies to one output are serialised by an flock on a sibling lock file (without
-    it their renames race: ENOTEMPTY, a vanished target). A previous output is swapped out with
-    one rename(RENAME_EXCHANGE) where the file system has it, so readers always find a directory
-    at `target`; elsewhere two renames leave a moment without one. `new` is gone afterwards.
-    """
-    if target.is_symlink() or target.is_file():
-        raise UserError(f"--out-dir {target}: exists and is not a directory; remove it or pick another path")
-    parent = target.resolve().parent
-    garbage: Path | None = None  # what holds the previous output afterwards
-    with open(parent / f".{target.name}.lock", "a") as lock:  # "a": create, never truncate
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_symlink() or (target.exists() and not target.is_dir()):
-            raise UserError(f"--out-dir {target}: exists and is not a directory; remove it or pick another path")
-        if not target.exists():
-            os.rename(new, target)
-        elif _exchange(new, target):
-            garbage = new
-        else:
-            garbage = Path(tempfile.mkdtemp(prefix=f".{target.name}.previous-", dir=parent))
-            os.rename(target, garbage / "tree")
-            os.rename(new, target)
-    if garbage is not None:  # outside the lock: deleting a large tree must not hold up other writers
-        shutil.rmtree(garbage)
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:  # C libraries before glibc 2.28
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
-        return False
-    raise OSError(err, os.strerror(err), str(b))
 
 
 @dataclass
@@ -251,7 +199,7 @@ def run_gate(inputs: GateInputs, out_dir: Path | None, expected_manifest: Path |
             if result.drift:
                 return result
         if out_dir is not None:
-            replace_dir(_full_tree(inputs.target, work, scratch, set(before)), out_dir)
+            replace_dir(_full_tree(inputs.target, work, scratch, set(before)), out_dir, "--out-dir")
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -374,13 +322,7 @@ def render_table(result: GateResult) -> str:
 
 def write_remapped(out: Path, patches: list[RemappedPatch]) -> None:
     """The remapped patches (what git apply saw), one file per series entry, for review."""
-    out.resolve().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.resolve().parent))
-    tmp.chmod(0o755)  # mkdtemp creates 0700
-    try:
+    with dir_replaced_atomically(out.resolve()) as tmp:
         for index, patch in enumerate(patches, start=1):
             name = re.sub(r"[^A-Za-z0-9._-]+", "-", patch.source.entry.label)
             (tmp / f"{index:02d}-{name}.wheel.patch").write_bytes(patch.text.encode("utf-8", errors="surrogateescape"))
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -8,13 +8,12 @@ newline): committed manifests diff only where their content changed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tools.common.errors import UserError
-from tools.common.files import write_bytes_atomic
+from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
 
 if TYPE_CHECKING:
@@ -121,12 +120,6 @@ def print_drift(expected_path: Path, drift: list[str]) -> None:
         print(f"  {line}", file=sys.stderr)
     print(f"fix the inputs, or if the change is intended run {fix_command(expected_path)} and review the diff of "
           f"{expected_path}", file=sys.stderr)
-
-
-def workspace_path(path: Path) -> Path:
-    """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree)."""
-    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
-    return Path(workspace) / path if workspace and not path.is_absolute() else path
 
 
 def read_built(path: Path) -> Any:

@@ -7,14 +7,14 @@ Debian package sets (debian: third_party/debian.lock.json, `python3 -m tools.pin
 hashed venv locks (venv_lock: `python3.11 -m tools.pins.venv_lock`), and the module extensions
 that make the lock into Bazel repositories (extensions.bzl; internals in private/).
 
-Package graph (imports point one way only):
+Package graph (imports point one way only; the stage order is in docs/DESIGN.md):
 
-    tools.common  <-  tools.pins.lock  <-  tools.fetch        (verified bytes, add-git-diff)
-                                       <-  tools.pins.pypi    (index metadata and pip only)
-                                       <-  tools.fetch  <-  tools.pins.debian  (.debs through the fetcher)
+    tools.common  <-  tools.pins.lock  <-  tools.pins.pypi    (index metadata and pip only)
+                                       <-  tools.pins.debian  (the Debian lock and its resolver)
     tools.common  <-  tools.pins.venv_lock
 
-Only tools.pins.debian imports tools.fetch (it sits above it: its .debs are fetched, mirrored and
-unpacked, not only resolved); the PyPI tools need only what an index publishes (sha256, size,
-PEP 658 metadata) or what pip reads itself.
+Nothing here imports a later stage: the .debs of a Debian set are fetched, mirrored, unpacked and
+laid out as a repository by tools.fetch.debian, whose CLI `python3 -m tools.pins.debian` runs (its
+`__main__` guard, the program's entry, is the one place that names it). The PyPI tools need only
+what an index publishes (sha256, size, PEP 658 metadata) or what pip reads itself.
 """

@@ -1,5 +1,8 @@
 """Debian package sets pinned like every other input: the lock third_party/debian.lock.json.
 
+`python3 -m tools.pins.debian COMMAND` (the lock's commands are here, the ones that fetch .debs
+in tools/fetch/debian.py):
+
     resolve  --set NAME                         re-resolve a set from what the lock records for it
     add-set  NAME --suite S [--suite S2] --packages a,b [--exclude x=REASON,y --exclude-reason R]
     mirror   DIR [--set NAME]...                fill a mirror directory with the sets' .debs
@@ -15,9 +18,10 @@ Resolution reads each suite's signed InRelease (gpgv against Debian's archive ke
 `main/binary-<arch>/Packages.xz` it lists, verified by size and sha256, and takes the closure of
 Depends + Pre-Depends: the first satisfiable alternative, virtual names through Provides, one
 version per name (the highest across the set's suites), excluded names count as satisfied.
-The .debs are fetched by tools.fetch (cache by sha256, mirrors first, the lock's size as cap).
+The .debs are fetched by tools.fetch (cache by sha256, mirrors first, the lock's size as cap):
+each package is the file pin DebPackage.pin gives.
 
-Standard library only (plus dpkg-deb and gpgv): a Bazel repository rule runs `extract` with a
+Standard library only (plus dpkg-deb and gpgv): a Bazel repository rule runs `repo` with a
 bare interpreter. That is also why the deb822 parser and the version comparison are written here
 (python-debian / python-apt are not in a bare interpreter; dpkg --compare-versions costs a
 process per comparison, thousands per resolution).
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import os
 import re
 import shutil
 import subprocess
@@ -38,19 +41,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tools.common import cache as cache_env
-from tools.common import credentials
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json, review_json
 from tools.common.progress import human_bytes
-from tools.fetch.cache import Cache
-from tools.fetch.cli import mirror_file
-from tools.fetch.place import check_writable_path
-from tools.fetch.sources import fetch_file_pin, mirror_dirs
 from tools.pins.lock import REPO_ROOT, FilePin, is_sha256
 
 DEFAULT_LOCK = REPO_ROOT / "third_party" / "debian.lock.json"
@@ -606,128 +603,6 @@ def resolve_set(path: Path, name: str, spec: Mapping[str, Any], keyring: Path | 
     return result
 
 
-# --- fetch, mirror, extract --------------------------------------------------------------------
-
-def fetch_set(deb_set: DebSet, cache_dir: Path | None = None, mirrors: Sequence[Path] | None = None,
-              timeout: float = TIMEOUT_S) -> list[tuple[DebPackage, Path]]:
-    """Every .deb of the set as a verified CAS entry (tools.fetch: cache, mirrors, origin URLs)."""
-    cache = Cache(cache_dir or cache_env.cache_root())
-    mirrors = list(mirrors) if mirrors is not None else mirror_dirs([])
-    repin = f"re-resolve with `{resolve_command(deb_set.name)}`"
-    result = []
-    total = sum(p.size for p in deb_set.packages)
-    done, started = 0, time.monotonic()
-    for index, pkg in enumerate(deb_set.packages, 1):
-        path = fetch_file_pin(pkg.pin(deb_set.name), cache, mirrors, timeout, fill_hint=fill_command(deb_set.name),
-                              repin_hint=repin)
-        done += pkg.size
-        result.append((pkg, path))
-        if index % 25 == 0 or index == len(deb_set.packages):
-            rate = done / max(time.monotonic() - started, 1e-6)
-            print(f"debian: {deb_set.name}: {index}/{len(deb_set.packages)} .debs verified, {human_bytes(done)} / "
-                  f"{human_bytes(total)}, {human_bytes(rate)}/s, ETA {(total - done) / max(rate, 1):.0f} s",
-                  file=sys.stderr, flush=True)
-    return result
-
-
-def mirror_set(deb_set: DebSet, target: Path, cache_dir: Path | None = None,
-               mirrors: Sequence[Path] | None = None) -> None:
-    check_writable_path(target.absolute(), "mirror", directory=True)
-    sources = [target, *[m for m in (mirror_dirs([]) if mirrors is None else mirrors) if m != target]]
-    for pkg, path in fetch_set(deb_set, cache_dir, sources):
-        mirror_file(path, target / Path(pkg.filename).name, pkg.sha256, pkg.size)
-    print(f"debian: mirror {target}: set '{deb_set.name}' complete ({len(deb_set.packages)} .debs)", file=sys.stderr)
-
-
-def replace_dir(tmp: Path, out: Path) -> None:
-    """Put the finished directory `tmp` (a sibling of `out`) at `out`: readers see the old tree or
-    the new one, never a mix (the old one is moved aside first, then removed)."""
-    os.chmod(tmp, 0o755)  # mkdtemp's 0700 would follow the tree
-    if out.exists():
-        old = out.with_name(f".{out.name}.old.{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
-def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir: Path | None = None,
-                mirrors: Sequence[Path] | None = None) -> Path:
-    """Unpack every .deb of set `name` (data archives only: no maintainer scripts run) into
-    `out_dir`, in name order, in a temp sibling renamed into place; writes `out_dir/.debian-set.json`."""
-    deb_set = load_set(lock_path, name)
-    out = Path(out_dir).absolute()
-    check_writable_path(out, "--out", directory=True)
-    debs = fetch_set(deb_set, cache_dir, mirrors)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        started = time.monotonic()
-        for index, (pkg, path) in enumerate(debs, 1):
-            proc = subprocess.run(["dpkg-deb", "-x", str(path), str(tmp)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise UserError(f"set '{name}' package {pkg.name}: dpkg-deb -x failed ({proc.stderr.strip()}); "
-                                f"the verified file {path} is not a .deb dpkg-deb reads: re-resolve the set")
-            if index % 25 == 0 or index == len(debs):
-                print(f"debian: {name}: {index}/{len(debs)} unpacked ({time.monotonic() - started:.1f} s)",
-                      file=sys.stderr, flush=True)
-        write_bytes_atomic(tmp / SET_MARKER, canonical_json({"name": name, "packages": deb_set.entries()}))
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    print(f"debian: set '{name}' ({len(debs)} packages) -> {out}", file=sys.stderr)
-    return out
-
-
-def deb_control(path: Path, what: str) -> str:
-    """The control paragraph of a .deb, as dpkg-deb reads it."""
-    proc = subprocess.run(["dpkg-deb", "--field", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise UserError(f"{what}: dpkg-deb --field failed ({proc.stderr.strip()}); the verified file {path} is "
-                        "not a .deb dpkg-deb reads: re-resolve the set")
-    return proc.stdout.rstrip("\n")
-
-
-def local_repository(deb_set: DebSet, out_dir: Path | str, cache_dir: Path | None = None,
-                     mirrors: Sequence[Path] | None = None) -> Path:
-    """A flat apt repository of exactly the set's verified .debs (`deb [trusted=yes] copy://DIR ./`),
-    built in a temp sibling and renamed into place: the only mirror mmdebstrap is given, so a
-    root holds nothing the lock does not name.
-
-    The Packages file is written here from `dpkg-deb --field` (dpkg-deb comes with dpkg itself;
-    dpkg-scanpackages needs dpkg-dev, apt-ftparchive apt-utils), with the lock's size and sha256."""
-    out = Path(out_dir).absolute()
-    check_writable_path(out, "repository", directory=True)
-    debs = fetch_set(deb_set, cache_dir, mirrors)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        stanzas = []
-        for pkg, path in debs:
-            name = Path(pkg.filename).name
-            try:
-                os.link(path, tmp / name)
-            except OSError:
-                shutil.copyfile(path, tmp / name)
-            control = deb_control(path, f"set '{deb_set.name}' package {pkg.name}")
-            fields = dict((line.partition(":")[0], line.partition(":")[2].strip())
-                          for line in control.splitlines() if line and line[0] not in " \t")
-            if (fields.get("Package"), fields.get("Version")) != (pkg.name, pkg.version):
-                raise UserError(f"set '{deb_set.name}' package {pkg.name} {pkg.version}: the verified .deb says "
-                                f"{fields.get('Package')} {fields.get('Version')}; the lock is inconsistent: "
-                                f"re-resolve with `{resolve_command(deb_set.name)}`")
-            stanzas.append(f"{control}\nFilename: ./{name}\nSize: {pkg.size}\nSHA256: {pkg.sha256}\n")
-        (tmp / "Packages").write_text("\n".join(stanzas), encoding="utf-8")
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    print(f"debian: set '{deb_set.name}': local repository of {len(debs)} .debs -> {out}", file=sys.stderr)
-    return out
-
-
 def installed_versions(status_text: str) -> dict[str, str]:
     """name -> version of the installed packages in a dpkg status file."""
     return {st["Package"]: st["Version"] for st in parse_stanzas(status_text)
@@ -794,30 +669,6 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mirrors(args: argparse.Namespace) -> list[Path]:
-    return mirror_dirs(args.mirror)
-
-
-def cmd_mirror(args: argparse.Namespace) -> int:
-    sets = load_sets(args.lock)
-    for name in args.set or sorted(sets):
-        mirror_set(load_set(args.lock, name), Path(args.mirror_dir), Path(args.cache) if args.cache else None,
-                   _mirrors(args))
-    print(args.mirror_dir)
-    return 0
-
-
-def cmd_extract(args: argparse.Namespace) -> int:
-    print(extract_set(args.lock, args.set, args.out, Path(args.cache) if args.cache else None, _mirrors(args)))
-    return 0
-
-
-def cmd_repo(args: argparse.Namespace) -> int:
-    print(local_repository(load_set(args.lock, args.set), Path(args.out), Path(args.cache) if args.cache else None,
-                           _mirrors(args)))
-    return 0
-
-
 def cmd_check_root(args: argparse.Namespace) -> int:
     status = Path(args.root) / "var" / "lib" / "dpkg" / "status"
     if not status.is_file():
@@ -843,7 +694,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(add_commands: Callable[[Any, argparse.ArgumentParser], None] | None = None
+                 ) -> argparse.ArgumentParser:
+    """The Debian CLI: the lock's commands (resolve, add-set, check-root, key, show) and, through
+    `add_commands(subparsers, common)`, the fetch stage's (mirror, extract, repo:
+    tools/fetch/debian.py, which passes them; `python3 -m tools.pins.debian` runs its CLI)."""
     parser = argparse.ArgumentParser(prog="python3 -m tools.pins.debian", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--lock", default=str(DEFAULT_LOCK), help="Debian lock (default: %(default)s)")
@@ -868,21 +723,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--description")
     p.set_defaults(func=cmd_add_set)
 
-    for command, helptext in (("mirror", "fill a mirror directory with the sets' .debs"),
-                              ("extract", "unpack a set's verified .debs into a directory"),
-                              ("repo", "a flat apt repository of a set's verified .debs")):
-        p = sub.add_parser(command, parents=[common], help=helptext)
-        p.add_argument("--cache", help="cache dir (default: $KIMI_K3_CACHE or ~/.cache/kimi-k3-build)")
-        p.add_argument("--mirror", action="append", default=[], help="mirror dir, tried before origins (repeatable; "
-                       "$KIMI_K3_MIRROR adds colon-separated dirs after these)")
-        if command == "mirror":
-            p.add_argument("mirror_dir")
-            p.add_argument("--set", action="append", default=[], help="set name (repeatable; default: every set)")
-            p.set_defaults(func=cmd_mirror)
-        else:
-            p.add_argument("--set", required=True)
-            p.add_argument("--out", required=True)
-            p.set_defaults(func=cmd_extract if command == "extract" else cmd_repo)
+    if add_commands is not None:
+        add_commands(sub, common)
 
     p = sub.add_parser("check-root", parents=[common], help="a built root holds exactly the set's packages")
     p.add_argument("--set", required=True)
@@ -899,11 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
-    return int(args.func(args))
-
-
 if __name__ == "__main__":
+    # The entry point users and tools/bazel run: the whole Debian CLI, whose fetch commands live in
+    # the fetch stage. Only this guard looks up the stage order (an importer of tools.pins.debian
+    # never runs it); tests/cpu/common/test_stage_imports.py allows exactly this.
+    from tools.fetch.debian import main
     sys.exit(run_cli(main))

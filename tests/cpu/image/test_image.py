@@ -6,8 +6,8 @@ writes the layers, tools/image/layout.py the layout, tools/image/push.py pushes 
 docker-registry on 127.0.0.1, skopeo reads it back, tools/image/smoke.py unpacks and chroots.
 
 Needs (Debian): docker-registry, skopeo, umoci, apache2-utils (htpasswd); pip: installer. Root
-for chroot. Everything is written under pytest's tmp_path. KIMI_TEST_FLASHINFER_WHEEL (the pinned
-flashinfer-python 0.6.18 wheel) is required by the real-wheel layer test.
+for chroot. Everything is written under pytest's tmp_path. KIMI_TEST_FLASHINFER_WHEEL (the default
+stack's pinned flashinfer-python wheel) is required by the real-wheel layer test.
 """
 from __future__ import annotations
 

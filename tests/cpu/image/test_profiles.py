@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpu.conftest import stack_version
 from tools.common.errors import UserError
 from tools.image import profile_probe, profiles, smoke
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
 PYPI_PLAN = REPO_ROOT / "kernel_cache" / "plan_120f_kimi-k3.pypi.bzl"
+# The SGLang version the probe reports (as the pypi stack's image would).
+SGLANG_PYPI = stack_version("pypi", "sglang")
 ROLES = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
 
 
@@ -491,7 +494,7 @@ def verdict(result: dict, cache: profiles.KernelCache, features: dict | None = N
     loaded = profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR)
     table = profiles.load_needs(profiles.DEFAULT_NEEDS)
     (v,) = profiles.judge([loaded[result["profile"]]], {result["profile"]: result},
-                          features if features is not None else {"situ-mxfp4-cutlass": None}, cache, table, "0.5.23")
+                          features if features is not None else {"situ-mxfp4-cutlass": None}, cache, table, SGLANG_PYPI)
     return v
 
 
@@ -527,13 +530,13 @@ def test_verdicts_name_what_the_image_lacks() -> None:
 
 @pytest.mark.parametrize("result,line", [
     ({"ok": False, "stage": "parse", "step": None, "error": "unrecognized arguments: --tp 4"},
-     "SGLang 0.5.23 rejects its arguments: unrecognized arguments: --tp 4"),
+     f"SGLang {SGLANG_PYPI} rejects its arguments: unrecognized arguments: --tp 4"),
     ({"ok": False, "stage": "resolve", "step": "handle_pd_disaggregation", "error": "bad threshold"},
-     "SGLang 0.5.23 resolution rejects it in step handle_pd_disaggregation: bad threshold"),
+     f"SGLang {SGLANG_PYPI} resolution rejects it in step handle_pd_disaggregation: bad threshold"),
     ({"ok": False, "stage": "guard", "step": None, "error": "PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True"},
      "the image's entrypoint guard refuses it: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True"),
     ({"ok": False, "stage": "check", "step": None, "error": "tp_size must be divisible by number of nodes"},
-     "SGLang 0.5.23 check_server_args rejects it: tp_size must be divisible by number of nodes"),
+     f"SGLang {SGLANG_PYPI} check_server_args rejects it: tp_size must be divisible by number of nodes"),
 ])
 def test_probe_failures_are_one_line_naming_the_profile(result: dict, line: str) -> None:
     v = verdict({"profile": "kimi-k3-pd-prefill", **result}, profiles.kernel_cache_of_plan(PYPI_PLAN))
@@ -553,12 +556,12 @@ def test_the_request_describes_the_image_target() -> None:
 
 def test_parse_probe_output_reads_only_marked_lines() -> None:
     mark = profile_probe.MARK
-    out = "\n".join(["noise", f"{mark}\t" + json.dumps({"sglang": "0.5.23"}),
+    out = "\n".join(["noise", f"{mark}\t" + json.dumps({"sglang": SGLANG_PYPI}),
                      f"{mark}\t" + json.dumps({"feature": "situ-mxfp4-cutlass", "why_not": None, "error": None}),
                      f"{mark}\t" + json.dumps({"profile": "p", "ok": True})])
     results, features, sglang = profiles.parse_probe_output(out)
     assert results == {"p": {"profile": "p", "ok": True}} and features == {"situ-mxfp4-cutlass": None}
-    assert sglang == "0.5.23"
+    assert sglang == SGLANG_PYPI
 
 
 # ---------------------------------------------------------------- the probe's rules

@@ -12,7 +12,7 @@ def assert_plan_matches_flashinfer(tree: Path, plan_name: str, tc: Any) -> None:
     """The checked-in plan's commands are what FlashInfer's generators emit. #4460 changes file
     contents, not commands, so the wheel (markers not enforced) gives the same plan apart from
     the source digest; the digest itself is checked against the patch gate's tree by
-    `kernel_cache.py plan --check`, `build --plan` and gen-sources. A kernel selection copies
+    `python3 -m tools.kernel_cache plan --check`, `build --plan` and gen-sources. A kernel selection copies
     sources #4460 changes (the binding), so there the generated-sources digest is left out too."""
     checked_in = read_plan(REPO_ROOT / "kernel_cache" / plan_name)
     fresh = make_plan(tree, REPO_ROOT / "kernel_cache" / "modules.json",

@@ -1,6 +1,6 @@
 """CPU tests for tools/kernel_cache (tag cpu).
 
-Needs the real flashinfer-python 0.6.18 wheel (KIMI_TEST_FLASHINFER_WHEEL), the pinned
+Needs the default stack's real flashinfer-python wheel (KIMI_TEST_FLASHINFER_WHEEL), the pinned
 toolchain (the CUDA root from the lock's NVIDIA wheels and the bookworm compiler userland, as
 data: KIMI_KC_CUDA_IDENTITY, KIMI_KC_USERLAND_IDENTITY; no CUDA or compiler of the machine) and,
 in the interpreter, torch (CPU), apache-tvm-ffi, nvidia-ml-py, tqdm, requests, filelock, ninja
@@ -617,7 +617,7 @@ def test_default_cache_dir_is_under_the_shared_cache_root(
     assert parser().parse_args(args).cache_dir == tmp_path / "xdg" / "kimi-k3-build" / "kernels"
 
 
-# The pypi stack's plan (FlashInfer 0.7.2) is checked against its wheel in test_selection.py.
+# The pypi stack's plan (its own FlashInfer) is checked against its wheel in test_selection.py.
 @pytest.mark.parametrize("plan_name", [*FULL_PLANS, "plan_120f_kimi-k3.bzl",
                                        "plan_90a_gpu-test-sm90.bzl", "plan_120f_kimi-k3.pypi.bzl"])
 def test_checked_in_plan_is_byte_for_byte_what_the_tool_writes(plan_name: str) -> None:

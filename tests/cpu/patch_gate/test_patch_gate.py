@@ -1,10 +1,11 @@
 """CPU tests of tools/patch_gate and tools/patch_gate/wheel.py on the real pinned wheels.
 
 Inputs (Bazel fills them from pinned repositories; unset fails, never skips):
-  KIMI_TEST_FLASHINFER_WHEEL       flashinfer-python 0.6.18 wheel
-  KIMI_TEST_SGLANG_WHEEL           sglang 0.5.21 wheel
-  KIMI_TEST_FLASHINFER_PYPI_WHEEL  flashinfer-python 0.7.2 wheel
-  KIMI_TEST_SGLANG_PYPI_WHEEL      sglang 0.5.23 wheel
+  KIMI_TEST_FLASHINFER_WHEEL       the default stack's flashinfer-python wheel
+  KIMI_TEST_SGLANG_WHEEL           the default stack's sglang wheel
+  KIMI_TEST_FLASHINFER_PYPI_WHEEL  the pypi stack's flashinfer-python wheel
+  KIMI_TEST_SGLANG_PYPI_WHEEL      the pypi stack's sglang wheel
+(versions: third_party/pins.lock.json, read through tests/cpu/conftest.py stack_version)
 Fixture patches are generated here from the wheels' own files (no upstream patch bytes, no
 GitHub); everything is written under pytest's tmp_path.
 """
@@ -18,14 +19,12 @@ import hashlib
 import importlib.util
 import io
 import json
-import multiprocessing
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
-from tests.cpu.conftest import artifact
+from tests.cpu.conftest import artifact, stack_pin, stack_version
 from tools.common.errors import UserError, run_cli
 from tools.common.jsonfmt import review_json
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.cli import EXIT_REFUSED
 from tools.patch_gate.cli import main as gate_main
-from tools.patch_gate.gate import STATE_APPLIES, STATE_EXCLUDED, STATE_UPSTREAM, replace_dir
+from tools.patch_gate.gate import STATE_APPLIES, STATE_EXCLUDED, STATE_UPSTREAM
 from tools.patch_gate.patch import split_patch
 from tools.patch_gate.series import read_series, resolve_series
 
@@ -51,6 +50,9 @@ CORE_PY = "flashinfer/fused_moe/core.py"
 BINDING_SRC = "csrc/fused_moe/cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu"
 BINDING_WHEEL = "flashinfer/data/" + BINDING_SRC
 TEST_SRC = "tests/moe/test_fixture_situ.py"
+# The stacks' FlashInfer versions, from the lock (KIMI_TEST_FLASHINFER_WHEEL is the default stack's).
+FI_VERSION = stack_version("default", "flashinfer")
+FI_PYPI_VERSION = stack_version("pypi", "flashinfer")
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -68,7 +70,7 @@ def sgl_wheel() -> Path:
 
 @pytest.fixture(scope="module")
 def fi_tree(fi_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The 0.6.18 wheel unpacked once per module (read-only use: tests copy what they change)."""
+    """The default stack's FlashInfer wheel unpacked once per module (read-only use: tests copy what they change)."""
     tree = tmp_path_factory.mktemp("fi_tree") / "tree"
     tree.mkdir()
     wheel_repack.unpack_wheel(fi_wheel, tree)
@@ -194,10 +196,10 @@ def test_manifest_lists_changed_files_and_verified_count(applied: dict[str, Path
     (patch,) = manifest["patches"]
     assert patch["state"] == STATE_APPLIES
     assert patch["excluded"][0]["source"] == TEST_SRC and "tests/" in patch["excluded"][0]["why"]
-    record_hashed = sum(1 for line in (fi_tree / "flashinfer_python-0.6.18.dist-info" / "RECORD").read_text().splitlines()
+    record_hashed = sum(1 for line in (fi_tree / f"flashinfer_python-{FI_VERSION}.dist-info" / "RECORD").read_text().splitlines()
                         if line.split(",")[1])
     assert manifest["untouched_files_verified"] == record_hashed - 2
-    assert manifest["target"]["version"] == "0.6.18"
+    assert manifest["target"]["version"] == FI_VERSION
 
 
 def test_check_passes_then_names_drifted_file(applied: dict[str, Path], fi_wheel: Path, tmp_path: Path,
@@ -605,7 +607,7 @@ def test_committed_series_files_parse() -> None:
     assert [e.label for e in default] == ["pin:flashinfer-pr4460"]
     pypi_text = (REPO / "flashinfer_patches" / "pypi.series").read_text()
     assert read_series(REPO / "flashinfer_patches" / "pypi.series") == []
-    assert "0.7.2" in pypi_text and "SiTU" in pypi_text  # says why #4460 is not needed
+    assert FI_PYPI_VERSION in pypi_text and "SiTU" in pypi_text  # says why #4460 is not needed
 
 
 # ----------------------------------------------------------------------------- malformed patches
@@ -692,7 +694,7 @@ def test_entry_with_every_file_excluded_is_reported_excluded(fi_wheel: Path, tmp
     assert re.search(r"^1\s+file:0001-tests-only.patch\s+excluded\s+excluded: " + re.escape(TEST_SRC), out, re.M), out
     doc = json.loads(manifest.read_text())
     assert [p["state"] for p in doc["patches"]] == [STATE_EXCLUDED] and doc["changed_files"] == []
-    doc["target"]["pin"] = "flashinfer-python-0.6.18"
+    doc["target"]["pin"] = stack_pin("default", "flashinfer")
     _, relationships = sbom.patch_packages(doc)
     assert [r["relationshipType"] for r in relationships] == ["OTHER"], relationships
     assert relationships[0]["comment"] == "not applied: excluded"
@@ -724,40 +726,6 @@ def test_drift_refusal_keeps_the_previous_output(applied: dict[str, Path], fi_wh
                                           "--expected-manifest", applied["manifest"]))
     assert rc == 0, err
     assert not (out / "previous.txt").exists() and (out / CORE_PY).is_file()
-
-
-def _replace_worker(args: tuple[str, int, int]) -> list[str]:
-    """Replace `target` `rounds` times with fresh directories; return the errors (none expected)."""
-    target, worker, rounds = Path(args[0]), args[1], args[2]
-    errors = []
-    for i in range(rounds):
-        new = Path(tempfile.mkdtemp(prefix=f".new-{worker}-", dir=target.parent))
-        for n in range(20):
-            (new / f"f{n}").write_text(f"{worker}.{i}\n")
-        try:
-            replace_dir(new, target)
-        except Exception as e:  # noqa: BLE001 - any failure is what the test reports
-            errors.append(f"{type(e).__name__}: {e}")
-            shutil.rmtree(new, ignore_errors=True)
-    return errors
-
-
-def test_concurrent_replacements_of_one_output_dir(tmp_path: Path) -> None:
-    target = tmp_path / "out" / "tree"
-    target.mkdir(parents=True)
-    (target / "f0").write_text("first\n")
-    seen_missing = 0
-    with multiprocessing.get_context("fork").Pool(4) as pool:
-        pending = pool.map_async(_replace_worker, [(str(target), w, 40) for w in range(4)])
-        while not pending.ready():
-            if not target.is_dir():  # a reader must always find a directory
-                seen_missing += 1
-        errors = [e for worker in pending.get() for e in worker]
-    assert errors == [], errors[:3]
-    assert seen_missing == 0, f"the output directory was missing {seen_missing} times during replacements"
-    assert target.is_dir() and len(list(target.iterdir())) == 20
-    leftovers = sorted(p.name for p in target.parent.iterdir() if p.name != "tree")
-    assert leftovers == [".tree.lock"], leftovers
 
 
 def test_check_manifest_names_the_file_and_the_fix_command(applied: dict[str, Path], tmp_path: Path,
@@ -947,7 +915,7 @@ def test_default_manifest_agrees_with_lock_and_pinned_wheel(fi_tree: Path) -> No
     manifest = json.loads(raw)
     assert raw == review_json(manifest)
     lock = json.loads(LOCK.read_text())
-    assert manifest["target"]["sha256"] == lock["pins"]["flashinfer-python-0.6.18"]["sha256"]
+    assert manifest["target"]["sha256"] == lock["pins"][stack_pin("default", "flashinfer")]["sha256"]
     (patch,) = manifest["patches"]
     assert patch["entry"] == "pin:flashinfer-pr4460" and patch["sha256"] == lock["pins"]["flashinfer-pr4460"]["sha256"]
     assert manifest["layout"]["sha256"] == sha256_hex(FI_LAYOUT.read_bytes()), "layout changed: run update-manifest"
@@ -963,13 +931,14 @@ def test_default_manifest_agrees_with_lock_and_pinned_wheel(fi_tree: Path) -> No
 def test_pypi_series_matches_committed_manifest(capsys: pytest.CaptureFixture[str]) -> None:
     wheel = artifact("KIMI_TEST_FLASHINFER_PYPI_WHEEL")
     rc, out, err = gate(capsys, "check", "--series", REPO / "flashinfer_patches" / "pypi.series", "--target", wheel,
-                        "--layout", FI_LAYOUT, "--lock", LOCK, "--target-pin", "flashinfer-python-0.7.2",
+                        "--layout", FI_LAYOUT, "--lock", LOCK, "--target-pin", stack_pin("pypi", "flashinfer"),
                         "--expected-manifest", REPO / "flashinfer_patches" / "pypi.manifest.json")
     assert rc == 0, out + err
 
 
 def test_pypi_wheel_already_has_situ_cutlass_api(fi_wheel: Path) -> None:
-    """flashinfer-python 0.7.2 carries #4460's API upstream (parsed with ast, not imported)."""
+    """The pypi stack's flashinfer-python carries #4460's API upstream (parsed with ast, not
+    imported); the default stack's needs #4460."""
     def situ_api(wheel: Path) -> tuple[list[str], list[str]]:
         with zipfile.ZipFile(wheel) as archive:
             core = ast.parse(archive.read(CORE_PY))
@@ -981,8 +950,8 @@ def test_pypi_wheel_already_has_situ_cutlass_api(fi_wheel: Path) -> None:
 
     kwonly, members = situ_api(artifact("KIMI_TEST_FLASHINFER_PYPI_WHEEL"))
     assert {"situ_beta", "situ_linear_beta"} <= set(kwonly) and "Situ" in members
-    kwonly_0618, _ = situ_api(fi_wheel)
-    assert "situ_beta" not in kwonly_0618, "0.6.18 should need #4460"
+    kwonly_default, _ = situ_api(fi_wheel)
+    assert "situ_beta" not in kwonly_default, f"flashinfer-python {FI_VERSION} should need #4460"
 
 
 # ----------------------------------------------------------------------------- SGLang
@@ -1009,14 +978,15 @@ def test_sglang_wheel_fixture_patch_against_source_layout(sgl_wheel: Path, tmp_p
     assert doc["untouched_files_verified"] == doc["record_files_with_hash"] - 1
 
 
-@pytest.mark.parametrize("stack, pin, wheel_var", [
-    ("default", "sglang-0.5.21", "KIMI_TEST_SGLANG_WHEEL"),
-    ("pypi", "sglang-0.5.23", "KIMI_TEST_SGLANG_PYPI_WHEEL"),
+@pytest.mark.parametrize("stack, wheel_var", [
+    ("default", "KIMI_TEST_SGLANG_WHEEL"),
+    ("pypi", "KIMI_TEST_SGLANG_PYPI_WHEEL"),
 ])
-def test_committed_sglang_series_matches_its_manifest(stack: str, pin: str, wheel_var: str,
+def test_committed_sglang_series_matches_its_manifest(stack: str, wheel_var: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """The project's SGLang patches still apply to the pinned wheel and change exactly what was reviewed."""
     wheel = artifact(wheel_var)
+    pin = stack_pin(stack, "sglang")
     series = REPO / "sglang_patches" / f"{stack}.series"
     expected = REPO / "sglang_patches" / f"{stack}.manifest.json"
     if not series.exists() or not expected.exists():
@@ -1035,18 +1005,19 @@ def test_repack_is_deterministic_and_consistent(applied: dict[str, Path], tmp_pa
     first = wheel_repack.repack_wheel(applied["out"], tmp_path / "a")
     second = wheel_repack.repack_wheel(applied["out"], tmp_path / "b")
     assert first.name == second.name and first.read_bytes() == second.read_bytes()
-    match = re.fullmatch(r"flashinfer_python-0\.6\.18\+kimik3\.([0-9a-f]{8})-py3-none-any\.whl", first.name)
+    match = re.fullmatch(rf"flashinfer_python-{re.escape(FI_VERSION)}\+kimik3\.([0-9a-f]{{8}})-py3-none-any\.whl",
+                         first.name)
     assert match, first.name
-    dist = f"flashinfer_python-0.6.18+kimik3.{match.group(1)}.dist-info"
+    dist = f"flashinfer_python-{FI_VERSION}+kimik3.{match.group(1)}.dist-info"
     with zipfile.ZipFile(first) as archive:
         infos = archive.infolist()
         names = [i.filename for i in infos]
         body = [n for n in names if not n.startswith(dist + "/")]
         assert body == sorted(body) and names[-1] == f"{dist}/RECORD"
-        assert not any(n.startswith("flashinfer_python-0.6.18.dist-info/") for n in names)
+        assert not any(n.startswith(f"flashinfer_python-{FI_VERSION}.dist-info/") for n in names)
         assert {i.date_time for i in infos} == {(2023, 11, 14, 22, 13, 20)}
         assert {(i.external_attr >> 16) for i in infos} <= {0o100644, 0o100755}
-        assert b"\nVersion: 0.6.18+kimik3." + match.group(1).encode() + b"\n" in archive.read(f"{dist}/METADATA")
+        assert f"\nVersion: {FI_VERSION}+kimik3.{match.group(1)}\n".encode() in archive.read(f"{dist}/METADATA")
         rows = list(csv.reader(io.StringIO(archive.read(f"{dist}/RECORD").decode())))
         assert sorted(r[0] for r in rows) == sorted(names)
         for path, digest, size in rows:

@@ -8,12 +8,13 @@ fresh interpreters, and every fix check must fail on the unpatched tree and pass
 tree, while the SwiGLU / SwigluStep callers must produce identical kernel calls on both.
 
 The patched capability check also runs against each stack's real FlashInfer wheel (its Python
-API is all it reads): 0.6.18 without #4460 must be refused with a message naming #4460, 0.7.2
-(SiTU upstream) accepted.
+API is all it reads): the default stack's (without #4460) must be refused with a message naming
+#4460, the pypi stack's (SiTU upstream) accepted.
 
-Inputs: KIMI_TEST_SGLANG_WHEEL (sglang 0.5.21, default stack), KIMI_TEST_SGLANG_PYPI_WHEEL
-(sglang 0.5.23, pypi stack), KIMI_TEST_FLASHINFER_WHEEL (flashinfer-python 0.6.18) and
-KIMI_TEST_FLASHINFER_PYPI_WHEEL (0.7.2). An unset variable fails the test; it never skips.
+Inputs: KIMI_TEST_SGLANG_WHEEL (the default stack's sglang), KIMI_TEST_SGLANG_PYPI_WHEEL (the
+pypi stack's), KIMI_TEST_FLASHINFER_WHEEL and KIMI_TEST_FLASHINFER_PYPI_WHEEL (their
+flashinfer-python; versions and pins come from third_party/pins.lock.json). An unset variable
+fails the test; it never skips.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cpu.conftest import artifact
+from tests.cpu.conftest import artifact, stack_pin, stack_version
 from tools.common.errors import run_cli
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.cli import main as gate_main
@@ -57,18 +58,19 @@ class Stack:
     pin: str
 
 
+def _stack(name: str, wheel_env: str, flashinfer_env: str) -> Stack:
+    return Stack(name, wheel_env, f"{name}.series", stack_version(name, "sglang"), flashinfer_env,
+                 stack_pin(name, "sglang"))
+
+
 STACKS = {
-    "default": Stack(
-        "default", "KIMI_TEST_SGLANG_WHEEL", "default.series", "0.5.21", "KIMI_TEST_FLASHINFER_WHEEL", "sglang-0.5.21"
-    ),
-    "pypi": Stack(
-        "pypi", "KIMI_TEST_SGLANG_PYPI_WHEEL", "pypi.series", "0.5.23", "KIMI_TEST_FLASHINFER_PYPI_WHEEL", "sglang-0.5.23"
-    ),
+    "default": _stack("default", "KIMI_TEST_SGLANG_WHEEL", "KIMI_TEST_FLASHINFER_WHEEL"),
+    "pypi": _stack("pypi", "KIMI_TEST_SGLANG_PYPI_WHEEL", "KIMI_TEST_FLASHINFER_PYPI_WHEEL"),
 }
 # env var -> (version, whether its cutlass_fused_moe has SiTU)
 FLASHINFER_WHEELS = {
-    "KIMI_TEST_FLASHINFER_WHEEL": ("0.6.18", False),
-    "KIMI_TEST_FLASHINFER_PYPI_WHEEL": ("0.7.2", True),
+    "KIMI_TEST_FLASHINFER_WHEEL": (stack_version("default", "flashinfer"), False),
+    "KIMI_TEST_FLASHINFER_PYPI_WHEEL": (stack_version("pypi", "flashinfer"), True),
 }
 
 

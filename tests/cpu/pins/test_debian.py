@@ -1,4 +1,5 @@
-"""tools/pins/debian.py: version order, the resolver, the lock, and fetch/mirror/extract of .debs.
+"""tools/pins/debian.py (version order, the resolver, the lock) and tools/fetch/debian.py (fetch,
+mirror, extract and repo of .debs), through the one CLI `python3 -m tools.pins.debian`.
 
 Everything is generated here (Packages indexes, an archive under file://, tiny .debs built with
 `dpkg-deb --build`): no network.
@@ -26,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools.common.errors import UserError, run_cli  # noqa: E402
+from tools.fetch import debian as debian_fetch  # noqa: E402
 from tools.pins import debian  # noqa: E402
 
 
@@ -169,7 +171,7 @@ def test_check_installed_compares_names_and_versions(deb_lock: tuple[Path, Path]
 def test_local_repository_lists_exactly_the_verified_debs(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
     lock, _ = deb_lock
     s = debian.load_set(lock, "tiny")
-    repo = debian.local_repository(s, tmp_path / "repo", cache_dir=tmp_path / "cache", mirrors=[])
+    repo = debian_fetch.local_repository(s, tmp_path / "repo", cache_dir=tmp_path / "cache", mirrors=[])
     stanzas = debian.parse_stanzas((repo / "Packages").read_text())
     assert [(st["Package"], st["Version"], st["Filename"], st["SHA256"], int(st["Size"])) for st in stanzas] == \
         [(p.name, p.version, "./" + Path(p.filename).name, p.sha256, p.size) for p in s.packages]
@@ -180,7 +182,7 @@ def test_local_repository_lists_exactly_the_verified_debs(tmp_path: Path, deb_lo
     data["sets"]["tiny"]["packages"][0]["version"] = "9.9"
     lock.write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"package hello 9.9: the verified .deb says hello 1.0-1"):
-        debian.local_repository(debian.load_set(lock, "tiny"), tmp_path / "repo2", cache_dir=tmp_path / "cache",
+        debian_fetch.local_repository(debian.load_set(lock, "tiny"), tmp_path / "repo2", cache_dir=tmp_path / "cache",
                                 mirrors=[])
     assert not (tmp_path / "repo2").exists() and leftovers(tmp_path, "repo2") == []
 
@@ -214,7 +216,7 @@ def test_add_set_and_resolve_write_a_sorted_stable_lock(tmp_path: Path) -> None:
     args = ["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
             "--suite", "bookworm-updates", "--packages", "app,newer", "--exclude", "dpkg=unpacked, not configured",
             "--exclude", "debconf", "--exclude-reason", "no questions asked", "--no-verify-signature"]
-    assert debian.main(args) == 0
+    assert debian_fetch.main(args) == 0
     first = lock.read_bytes()
     data = json.loads(first)
     demo = data["sets"]["demo"]
@@ -228,7 +230,7 @@ def test_add_set_and_resolve_write_a_sorted_stable_lock(tmp_path: Path) -> None:
     assert libfoo["urls"] == [f"{archive}/pool/main/l/libfoo/libfoo_3.0_amd64.deb"]
     assert first.endswith(b"\n") and b'  "schema_version": 1' in first
     # resolve from what the lock records: identical bytes
-    assert debian.main(["resolve", "--set", "demo", "--lock", str(lock), "--no-verify-signature"]) == 0
+    assert debian_fetch.main(["resolve", "--set", "demo", "--lock", str(lock), "--no-verify-signature"]) == 0
     assert lock.read_bytes() == first
 
 
@@ -238,7 +240,7 @@ def test_index_that_does_not_match_inrelease_is_refused(tmp_path: Path) -> None:
     packages.write_bytes(lzma.compress((MAIN + "\n" + stanza("evil", "1")).encode()))
     lock = tmp_path / "debian.lock.json"
     with pytest.raises(UserError, match=r"Packages.xz: .* InRelease says .* resolve again"):
-        debian.main(["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
+        debian_fetch.main(["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
                      "--packages", "app", "--no-verify-signature"])
     assert not lock.exists()
 
@@ -265,18 +267,18 @@ def test_inrelease_signature_is_checked_with_gpgv(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     fake_gpgv(bin_dir, 1)
     with pytest.raises(UserError, match=r"signature not verified by .*keyring.gpg \(gpgv: BAD signature"):
-        debian.main(argv)
+        debian_fetch.main(argv)
     assert not (tmp_path / "l.json").exists()
     assert (bin_dir / "args").read_text().split()[:2] == ["--keyring", str(keyring)]
     # Only what gpgv says was signed counts: here that text lists another Packages.xz digest.
     fake_gpgv(bin_dir, 0, "Suite: bookworm\nSHA256:\n " + "0" * 64 + " 5 main/binary-amd64/Packages.xz\n")
     with pytest.raises(UserError, match="InRelease says 5 bytes"):
-        debian.main(argv)
+        debian_fetch.main(argv)
     release = (tmp_path / "archive/dists/bookworm/InRelease").read_text()
     fake_gpgv(bin_dir, 0, release)
-    assert debian.main(argv) == 0
+    assert debian_fetch.main(argv) == 0
     with pytest.raises(UserError, match="keyring .* not found"):
-        debian.main(argv[:-1] + [str(tmp_path / "none.gpg")])
+        debian_fetch.main(argv[:-1] + [str(tmp_path / "none.gpg")])
 
 
 def test_lock_validation_names_the_set_and_the_fix(tmp_path: Path) -> None:
@@ -353,7 +355,7 @@ def test_extract_unpacks_verified_debs_and_records_the_set(tmp_path: Path, deb_l
                                                            capfd: pytest.CaptureFixture[str]) -> None:
     lock, _ = deb_lock
     out = tmp_path / "tree"
-    assert debian.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[]) == out.absolute()
+    assert debian_fetch.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[]) == out.absolute()
     assert (out / "usr/bin/hello").read_bytes() == b"#!/bin/sh\necho hi\n"
     assert (out / "usr/include/hello.h").read_bytes() == b"int hello(void);\n"
     assert not (tmp_path / "POSTINST-RAN").exists() and not (out / "DEBIAN").exists()
@@ -363,7 +365,7 @@ def test_extract_unpacks_verified_debs_and_records_the_set(tmp_path: Path, deb_l
     assert "2/2 .debs verified" in capfd.readouterr().err
     # Again from the cache alone (origin gone): the same tree, replaced in one rename.
     shutil.rmtree(tmp_path / "archive")
-    debian.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
+    debian_fetch.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
     assert (out / debian.SET_MARKER).read_bytes() == marker
     assert leftovers(tmp_path, "tree") == []
 
@@ -371,26 +373,45 @@ def test_extract_unpacks_verified_debs_and_records_the_set(tmp_path: Path, deb_l
 def test_mirror_fills_basenames_and_serves_an_offline_extract(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
     lock, pool = deb_lock
     mirror = tmp_path / "mirror"
-    assert run_cli(debian.main, ["mirror", str(mirror), "--set", "tiny", "--lock", str(lock),
+    assert run_cli(debian_fetch.main, ["mirror", str(mirror), "--set", "tiny", "--lock", str(lock),
                                  "--cache", str(tmp_path / "cache1")]) == 0
     assert sorted(p.name for p in mirror.iterdir()) == ["hello_1.0-1_amd64.deb", "libhello-dev_1.0-1_amd64.deb"]
     shutil.rmtree(pool)  # the origin is unreachable now; a fresh cache must come from the mirror
-    out = debian.extract_set(lock, "tiny", tmp_path / "tree", cache_dir=tmp_path / "cache2", mirrors=[mirror])
+    out = debian_fetch.extract_set(lock, "tiny", tmp_path / "tree", cache_dir=tmp_path / "cache2", mirrors=[mirror])
     assert (out / "usr/bin/hello").is_file()
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert run_cli(debian.main, argv) == 2
+    assert run_cli(debian_fetch.main, argv) == 2
     lines = capsys.readouterr().err.splitlines()  # progress lines, then the error
     assert [line for line in lines if line.startswith("error: ")] == lines[-1:], lines
     return lines[-1]
+
+
+def test_python_m_tools_pins_debian_runs_every_command(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
+    """The command users and tools/bazel run keeps every subcommand, the fetch stage's included."""
+    lock, _ = deb_lock
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("KIMI_K3_MIRROR", None)
+    cli = [sys.executable, "-m", "tools.pins.debian"]
+    helptext = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=env, check=True).stdout
+    for command in ("resolve", "add-set", "mirror", "extract", "repo", "check-root", "key", "show"):
+        assert command in helptext, command
+    out = tmp_path / "tree"
+    proc = subprocess.run([*cli, "extract", "--set", "tiny", "--out", str(out), "--lock", str(lock),
+                           "--cache", str(tmp_path / "cache")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(out.absolute()), proc.stderr
+    assert (out / debian.SET_MARKER).is_file()
+    key = subprocess.run([*cli, "key", "--set", "tiny", "--lock", str(lock)], capture_output=True, text=True,
+                         env=env, check=True).stdout.strip()
+    assert key == debian.load_set(lock, "tiny").content_key()
 
 
 def test_flipped_byte_in_the_mirror_is_a_one_line_error_and_nothing_is_written(
         tmp_path: Path, deb_lock: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     lock, pool = deb_lock
     mirror = tmp_path / "mirror"
-    debian.mirror_set(debian.load_set(lock, "tiny"), mirror, cache_dir=tmp_path / "cache1", mirrors=[])
+    debian_fetch.mirror_set(debian.load_set(lock, "tiny"), mirror, cache_dir=tmp_path / "cache1", mirrors=[])
     shutil.rmtree(pool)
     deb = mirror / "libhello-dev_1.0-1_amd64.deb"
     data = bytearray(deb.read_bytes())
@@ -432,7 +453,7 @@ def test_a_deb_dpkg_deb_cannot_read_leaves_no_tree(tmp_path: Path, deb_lock: tup
     out.mkdir()
     (out / "old").write_text("previous tree\n")
     with pytest.raises(UserError, match="package hello: dpkg-deb -x failed"):
-        debian.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
+        debian_fetch.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
     assert [p.name for p in out.iterdir()] == ["old"] and leftovers(tmp_path, "tree") == []
 
 
@@ -508,7 +529,7 @@ def test_resolve_never_writes_an_entry_the_loader_refuses(stanza_text: str, mess
     archive = make_archive(tmp_path / "archive", {"bookworm": stanza_text})
     lock = tmp_path / "debian.lock.json"
     with pytest.raises(UserError, match=re.escape(message)):
-        debian.main(["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
+        debian_fetch.main(["add-set", "demo", "--lock", str(lock), "--archive", archive, "--suite", "bookworm",
                      "--packages", "tzdata", "--no-verify-signature"])
     assert not lock.exists()
 

@@ -1,14 +1,14 @@
 """stack_patch_gate: the patch gate targets of one folder (flashinfer_patches/, sglang_patches/)
 for the stack selected by --//third_party:stack."""
 
-load("@pins//:stacks.bzl", "PATCH_PINS", "STACKS")
+load("//tools/pins:defs.bzl", "PATCH_PINS", "STACKS", "stack_select")
 load(":checked_tree.bzl", "checked_tree")
 load(":patched_tree.bzl", "patched_tree")
 load(":tool.bzl", "TOOL")
 
 def _by_stack(pattern):
     """`pattern % <stack>` for the selected stack."""
-    return select({"//third_party:stack_is_%s" % s: pattern % s for s in STACKS})
+    return stack_select({s: pattern % s for s in STACKS})
 
 def stack_patch_gate(name, target_role, series_data = [], uses_patch_pins = False):
     """The patch gate targets of one folder (flashinfer_patches/, sglang_patches/):
@@ -26,8 +26,8 @@ def stack_patch_gate(name, target_role, series_data = [], uses_patch_pins = Fals
         layout = "wheel_layout.json",
         # The lock's patch_pins of the selected stack: a GitHub-only pin (#4460) is fetched only
         # for a stack whose series needs it.
-        pin_files = select({
-            "//third_party:stack_is_%s" % s: {"@pins//:" + p: p for p in (PATCH_PINS[s] if uses_patch_pins else [])}
+        pin_files = stack_select({
+            s: {"@pins//:" + p: p for p in (PATCH_PINS[s] if uses_patch_pins else [])}
             for s in stacks
         }),
         series = _by_stack("%s.series"),

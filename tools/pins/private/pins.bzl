@@ -14,7 +14,16 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:<role>_pin   the pin name for that role, as a one-line text file
   //stack:wheels_torch, //stack:wheels_rest
                        the stack's `wheels` closure split for the image's layers (see below)
-  //:stacks.bzl        STACKS (stack names) and PATCH_PINS (stack -> patch pins) for BUILD files
+  //:stacks.bzl        every per-stack fact BUILD files need, so that a stack added to the lock
+                       (with its series files) needs no Starlark edit (tools/pins/defs.bzl loads it):
+                         STACKS         the lock's stack names (the values of --//third_party:stack)
+                         DEFAULT_STACK  the stack named "default": the flag's default, and the one
+                                        whose kernel-cache plans carry no ".<stack>" suffix
+                         PATCH_PINS     stack -> the GitHub-only patch pins its series need
+                         ROLE_PINS      stack -> role (sglang, flashinfer, torch, ...) -> pin name
+                         PATCHED        stack -> the patch folders (role -> folder, the `pins.lock`
+                                        tag's patch_dirs) whose <stack>.series applies something;
+                                        the others' pinned wheel goes into the image unchanged
 
 The `debian` extension does the same for third_party/debian.lock.json: one lazily fetched
 repository per set,
@@ -26,6 +35,7 @@ apt repository of its verified .debs (`python3 -m tools.pins.debian repo`):
 """
 
 load(":fetch.bzl", "FETCH_ENVIRON", "fetch_pin_file", "tool_env", "tool_python", "watch_python_sources")
+load(":stack_facts.bzl", "series_applies", "stack_facts", "stacks_bzl")
 
 def _repo_name(pin):
     return "pin_" + "".join([c if c.isalnum() else "_" for c in pin.elems()])
@@ -85,7 +95,7 @@ def _wheel_groups(lock, stacks):
 
 def _hub_impl(rctx):
     lock = json.decode(rctx.attr.lock_json)
-    build = ['package(default_visibility = ["//visibility:public"])', ""]
+    build = ['package(default_visibility = ["//visibility:public"])', "", 'exports_files(["stacks.bzl"])', ""]
     for pin in sorted(lock["pins"].keys()):
         build.append('alias(name = "%s", actual = "@%s//file")' % (pin, _repo_name(pin)))
     rctx.file("BUILD.bazel", "\n".join(build) + "\n")
@@ -112,27 +122,40 @@ def _hub_impl(rctx):
     sbuild += _wheel_groups(lock, stacks)
     rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
 
-    # The lock's stack names and patch pins for BUILD files (the stack flag's values, the patch
-    # gate's pin inputs), so that no BUILD file repeats them.
-    rctx.file("stacks.bzl", "\n".join([
-        '"""Generated from third_party/pins.lock.json by tools/pins/private/pins.bzl; do not edit."""',
-        "",
-        "STACKS = %s" % repr(sorted(stacks.keys())),
-        "",
-        "PATCH_PINS = %s" % repr({s: list(stacks[s].get("patch_pins", [])) for s in sorted(stacks.keys())}),
-        "",
-    ]))
+    rctx.file("stacks.bzl", stacks_bzl(stack_facts(lock, json.decode(rctx.attr.patched_json))))
 
 _hub = repository_rule(
     implementation = _hub_impl,
-    attrs = {"lock_json": attr.string(mandatory = True)},
+    attrs = {
+        "lock_json": attr.string(mandatory = True),
+        "patched_json": attr.string(mandatory = True, doc = "stack -> roles whose series applies a patch"),
+    },
 )
+
+def _patched(mctx, lock, patch_dirs):
+    """stack -> the roles of patch_dirs (role -> package) whose <package>/<stack>.series applies."""
+    result = {}
+    for stack in sorted(lock.get("stacks", {}).keys()):
+        result[stack] = []
+        for role, package in sorted(patch_dirs.items()):
+            label = Label("%s:%s.series" % (package, stack))
+            path = mctx.path(label)
+            if not path.exists:
+                fail("stack '%s' of third_party/pins.lock.json has no %s/%s.series: every stack needs a series in each patch folder (without entries, and a comment saying why, when nothing applies)" % (
+                    stack,
+                    package.lstrip("/"),
+                    stack,
+                ))
+            if series_applies(mctx.read(label)):
+                result[stack].append(role)
+    return result
 
 def _pins_impl(mctx):
     for mod in mctx.modules:
         for tag in mod.tags.lock:
             text = mctx.read(tag.file)
             lock = json.decode(text)
+            patched = _patched(mctx, lock, tag.patch_dirs)
             for pin, spec in lock["pins"].items():
                 _pinned_file(
                     name = _repo_name(pin),
@@ -140,11 +163,14 @@ def _pins_impl(mctx):
                     filename = spec.get("filename", pin),
                     pin_json = json.encode_indent({"schema_version": lock.get("schema_version", 1), "pins": {pin: spec}, "stacks": {}}),
                 )
-            _hub(name = "pins", lock_json = text)
+            _hub(name = "pins", lock_json = text, patched_json = json.encode(patched))
 
 pins = module_extension(
     implementation = _pins_impl,
-    tag_classes = {"lock": tag_class(attrs = {"file": attr.label(mandatory = True)})},
+    tag_classes = {"lock": tag_class(attrs = {
+        "file": attr.label(mandatory = True),
+        "patch_dirs": attr.string_dict(doc = "role -> the patch folder (package) holding <stack>.series for that role's pin"),
+    })},
 )
 
 

@@ -17,24 +17,11 @@ def _kernel_cache_layer_test_impl(ctx):
     return analysistest.end(env)
 
 # With --//kernel_cache:arch=9.0a in effect, the kernel-cache layer must still take the SM120
-# cache and run its arch guard: the image's environment says 12.0f. Analysed on the pypi stack:
-# the wiring is the same on both, and the default stack's patched tree needs FlashInfer #4460
-# (a GitHub-only pin) even to be analysed, which the CPU suite must not.
+# cache (its own, not an empty stand-in: FlashInfer must not compile at the first request) and
+# run its arch guard: the image's environment says 12.0f. The wiring is the same on every stack;
+# it is analysed on the pypi stack because the default stack's patched tree needs FlashInfer
+# #4460 (a GitHub-only pin) even to be analysed, which the CPU suite must not.
 kernel_cache_layer_test = analysistest.make(
-    _kernel_cache_layer_test_impl,
-    attrs = {
-        "expected_tree": attr.string(mandatory = True, doc = "short path of the kernel cache tree"),
-        "expected_arch": attr.string(mandatory = True),
-    },
-    config_settings = {
-        str(Label("//kernel_cache:arch")): "9.0a",
-        str(Label("//third_party:stack")): "pypi",
-    },
-)
-
-# The pypi stack's image takes the same cache target (its plan is plan_120f_kimi-k3.pypi.bzl, for
-# FlashInfer 0.7.2), not an empty stand-in: FlashInfer must not compile at the first request.
-kernel_cache_layer_pypi_test = analysistest.make(
     _kernel_cache_layer_test_impl,
     attrs = {
         "expected_tree": attr.string(mandatory = True, doc = "short path of the kernel cache tree"),
