@@ -37,7 +37,8 @@ def _wheels_in(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def _unpack_wheel(wheel: Path, site: Path) -> None:
+def unpack_wheel(wheel: Path, site: Path) -> None:
+    """Unpack one wheel into site (its purelib/platlib root is the site root)."""
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             name = info.filename
@@ -78,7 +79,7 @@ def prepare(site: Path, wheels: Sequence[Path], kernel_cache: Path | None) -> li
     """Unpack `wheels` into `site` and install `kernel_cache`; return the cached module names."""
     site.mkdir(parents=True, exist_ok=True)
     for wheel in _wheels_in(wheels):
-        _unpack_wheel(wheel, site)
+        unpack_wheel(wheel, site)
     return install_kernel_cache(kernel_cache, site) if kernel_cache else []
 
 
