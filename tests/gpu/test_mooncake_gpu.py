@@ -16,7 +16,7 @@ from conftest import import_or_fail  # noqa: E402
 
 torch = import_or_fail("torch")
 
-SIZE = 4 << 20  # 4 MiB each way: the size docs/GPU_RUN.md records passing on an H200
+SIZE = 4 << 20  # 4 MiB each way: the size docs/measurements/ records passing on an H200
 
 
 def _engine():

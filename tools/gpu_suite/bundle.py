@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
@@ -182,16 +182,20 @@ def file_table(root: Path) -> dict[str, dict[str, Any]]:
     return table
 
 
+def _fetcher(lock: pins_lock.Lock) -> Callable[[FilePin], Path]:
+    """A pin's verified file through tools/fetch (artifact cache, $KIMI_K3_MIRROR, its URLs)."""
+    ctx = Context(lock=lock, cache=Cache(cache_root()), mirrors=mirror_dirs([]),
+                  timeout=DEFAULT_TIMEOUT_S)
+    return lambda pin: fetch_pin(ctx, pin)
+
+
 def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer_wheel: Path,
                  spec: HostSpec, python: str, root: Path = ROOT,
-                 fetch: Any = None) -> dict[str, Any]:
+                 fetch: Callable[[FilePin], Path] | None = None) -> dict[str, Any]:
     """Write the bundle into out (replaced whole); returns its manifest. `fetch(pin) -> Path`
     gives a pin's verified file (default: tools/fetch, through the artifact cache)."""
     stack = lock.stack(stack_name)
-    if fetch is None:
-        ctx = Context(lock=lock, cache=Cache(cache_root()), mirrors=mirror_dirs([]),
-                      timeout=DEFAULT_TIMEOUT_S)
-        fetch = lambda pin: fetch_pin(ctx, pin)  # noqa: E731
+    fetch = fetch or _fetcher(lock)
     fi_wheel = wheel_file(flashinfer_wheel, "--flashinfer-wheel")
     if not runs_on(fi_wheel.name, python):
         raise UserError(f"--flashinfer-wheel {fi_wheel.name}: does not run on CPython {python}")

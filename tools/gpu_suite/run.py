@@ -1,10 +1,10 @@
 """Run the GPU suite on a host without Bazel: the same test files, pytest, a JUnit XML report.
 
 For GPU hosts that have CUDA torch and pytest but no Bazel and no registry access (such as the
-H200 host this project was proven on). Bring the stack's wheels (the patched FlashInfer wheel
-from `bazel build //flashinfer_patches:flashinfer_wheel`, apache-tvm-ffi, Mooncake) and the
-kernel cache built for the host's arch (`bazel build //kernel_cache:sm90_cache`, or
-`python3 -m tools.kernel_cache build --arch 9.0a`), then:
+H200 host this project was proven on). The bundle's run.sh (tools/gpu_suite/host.py,
+docs/GPU_RUN.md) brings the stack's wheels, builds the kernel cache for the host's arch and runs
+this; by hand, with those wheels and a cache (`bazel build //kernel_cache:sm90_cache`, or
+`python3 -m tools.kernel_cache build --arch 9.0a`):
 
     python3 -m tools.gpu_suite --wheel dist/*.whl --kernel-cache cache-90a --junit gpu.xml
 
