@@ -11,8 +11,8 @@ The output is compared with a float32 reference computed straight from the check
 - SM120: MXFP8 activations x MXFP4 weights (`use_mxfp8_act_scaling=True`, scales through
   `block_scale_interleave`), as SGLang's SM120 path. Skipped elsewhere, with the reason.
 
-Needs the CUTLASS fused-MoE module for the GPU's arch built ahead of time (fused_moe_90 JIT takes
-longer than 9 minutes on 16 cores); the cache lacking a module kernel_cache/modules.json declares
+Needs the CUTLASS fused-MoE module for the GPU's arch built ahead of time (fused_moe_90 by JIT is
+too slow to wait for at the first call); the cache lacking a module kernel_cache/modules.json declares
 for its arch fails the test (conftest.py require_cached_module). Without a GPU, or without an
 importable torch / FlashInfer, every test fails (conftest.py policy; KIMI_K3_ALLOW_NO_GPU=1 turns
 that into skips). CI (.ci/run) runs only the CPU suite, never this file.

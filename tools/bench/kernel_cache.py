@@ -12,8 +12,8 @@ again; each row counts the actions Bazel ran ("N local").
 Each cold build gets its own empty object cache (lean and full share every CUDA object, so a
 shared cache would make the second one warm). The warm row rebuilds the last variant from its
 filled cache. Peak RSS is the largest process of the build (compilers included), from wait4.
-The full module list takes hours on 2 cores (one SM120 grouped-GEMM object: ~4 min, 8.6 GB):
-run it on a big host, or use --only / --dry-run here.
+The full module list takes hours on 2 cores (one SM120 grouped-GEMM object alone takes minutes and
+several GB; docs/measurements/): run it on a big host, or use --only / --dry-run here.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ module's .so), and runs a sequence of builds in B whose assemble action runs loc
 that blob: Bazel must name the digest and stay failed through its retries, --noremote_accept_cached
 and `bazel clean`; deleting the blob on the server, or `bazel clean` plus one build with
 --noremote_accept_cached, must rebuild it with the correct bytes (B's output and the server's
-blob); README "Remote cache" says why.
+blob); docs/BAZEL.md "Remote cache" says why.
 
 It installs nothing: nginx must be on PATH (`apt-get install nginx`; Debian's has the dav
 module). It drives Bazel itself (two output roots, two servers), so it is not a py_test, and it

@@ -11,8 +11,8 @@ checked-in plan (kernel_cache/plan_<arch>_<variant>.bzl) is picked by the build 
 `full` selection), so every object is known at analysis time. Action graph:
 
     gen-sources (per module with generated sources)
-      -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel never
-         runs two ~9 GB SM120 grouped-GEMM compiles at once on a 24 GB host)
+      -> compile-object (per object; resource_set from the plan's peak-memory hint, so Bazel runs
+         no more of the big SM120 grouped-GEMM compiles at once than its RAM budget holds)
       -> link-module (per module) -> assemble (AOT layout + kernel_cache.json)
 
 Each object is its own cached action, so an interrupted build resumes with every finished

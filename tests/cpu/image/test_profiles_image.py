@@ -44,7 +44,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
     bundle = tmp_path_factory.mktemp("image") / "bundle"
     rootfs = smoke.unpack(layout, bundle)
     yield rootfs, smoke.image_env(layout)
-    # About 10 GB in 80,000 files: rm is several times faster than shutil.rmtree here.
+    # A multi-GB tree of many small files: rm is much faster than shutil.rmtree here.
     subprocess.run(["rm", "-rf", "--one-file-system", str(bundle)], check=False)
 
 

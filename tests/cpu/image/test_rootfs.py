@@ -2,7 +2,7 @@
 
 The cache key follows the set's entries (and nothing else of the lock); the cached tar is
 re-hashed on use; the root must hold exactly the set. mmdebstrap is a stand-in on PATH (the real
-one needs root and minutes; the real build is measured by hand, see the README): it records its
+one needs root and minutes; the real build's times: docs/measurements/): it records its
 arguments and writes a tar whose dpkg status lists the packages of its only mirror. No network.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ load("//tools/pins/private:fetch.bzl", "FETCH_ENVIRON", "fetch_pin_file", "tool_
 _WHEEL_PREFIX = "nvidia/cu13"
 
 # Wheels the kernel stage takes only headers from (the modules link only cudart, the driver stub
-# and nvrtc): their shared libraries (cuBLASLt alone is 540 MB) would be inputs of every action.
+# and nvrtc): their shared libraries (hundreds of MB) would be inputs of every action.
 _HEADERS_ONLY_LIBS = ["libcublas", "libcurand", "libnvblas"]
 IDENTITY_FILE = "kimi-k3-toolchain.json"
 
