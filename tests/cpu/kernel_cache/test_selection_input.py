@@ -207,7 +207,7 @@ def test_other_probe_failures_keep_the_probe_tail(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "docs" / "GPU_RUN.md",
-        REPO_ROOT / "kernel_cache" / "README.md"]
+        REPO_ROOT / "kernel_cache" / "README.md", REPO_ROOT / "kernel_cache" / "INTERNALS.md"]
 # A claim that a call raises the Python class (the TVM FFI kind of that name is no such claim).
 _CLAIM = re.compile(r"\b(?:raises?|raised|raising|throws?)\s+(?:an?\s+)?`?NotImplementedError\b")
 
@@ -229,7 +229,7 @@ except Exception as e:
 def test_docs_name_the_exception_python_sees() -> None:
     """make_runner and the tile stubs throw one TVM FFI error kind; the installed tvm-ffi turns
     it into exactly RuntimeError (no Python class is registered for the kind), which is what
-    kernel_cache/README.md, docs/GPU_RUN.md, README.md and selections.json must say."""
+    kernel_cache/README.md and INTERNALS.md, docs/GPU_RUN.md, README.md and selections.json must say."""
     header = selection_header({"selection": "s", "arch": "12.0f", "runners": []}, "m", [])
     stub = stubs_source({"selection": "s", "arch": "9.0a"}, "m", {"includes": [], "stubs": [{
         "entry": 0, "tile": {"cta": [64, 16, 128], "cluster": [2, 1, 1]},
