@@ -1,8 +1,11 @@
-"""Checks shared by test_kernel_cache.py and test_selection.py."""
+"""Checks and helpers shared by test_kernel_cache.py and test_selection.py."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+from tests.cpu.conftest import env_path
 
 from tools.kernel_cache.plan import describe_drift, make_plan, read_plan
 from tools.kernel_cache.tree import REPO_ROOT
@@ -24,3 +27,13 @@ def assert_plan_matches_flashinfer(tree: Path, plan_name: str, tc: Any) -> None:
             if "kernel_selection" in m:
                 m["gen_digest"] = None
     assert describe_drift(checked_in, fresh) is None
+
+
+def stage_output(var: str, suffix: str) -> Path:
+    """The one file (or directory) whose name ends with `suffix` among the outputs of a
+    kernel_cache_config_files target that Bazel passes in `var` (tests/cpu/kernel_cache/
+    BUILD.bazel: $(rootpaths ...), space-separated), e.g. "_aot", ".cuda.o", ".bzl"."""
+    paths = [Path(p) for p in str(env_path(var)).split()]
+    found = [p for p in paths if p.name.endswith(suffix)]
+    assert len(found) == 1 and found[0].exists(), (var, suffix, [p.name for p in paths])
+    return Path(os.path.abspath(found[0]))

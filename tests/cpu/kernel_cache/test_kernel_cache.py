@@ -4,9 +4,12 @@ Needs the default stack's real flashinfer-python wheel (KIMI_TEST_FLASHINFER_WHE
 toolchain (the CUDA root from the lock's NVIDIA wheels and the bookworm compiler userland, as
 data: KIMI_KC_CUDA_IDENTITY, KIMI_KC_USERLAND_IDENTITY; no CUDA or compiler of the machine) and,
 in the interpreter, torch (CPU), apache-tvm-ffi, nvidia-ml-py, tqdm, requests, filelock, ninja
-and nvidia-cuda-cuobjdump. One small real module
-(silu_and_mul) is compiled through the same code path as the full cache. The "patch" applied
-here is a fixture written by the test (a marker comment), standing in for the patch gate output.
+and nvidia-cuda-cuobjdump. One small real module (silu_and_mul) comes from the kernel stage's own
+Bazel actions (KIMI_KC_SILU_BUILD: //tests/cpu/kernel_cache:silu_and_mul_build, compiled from
+the patch-gate tree of a stack that needs no GitHub, KIMI_KC_OFFLINE_TREE); the checks of a
+built cache run on it, and the in-process builder (build.py) compiles it once from the same tree
+and must give the same bytes. The plan tests use the default stack's wheel with a "patch" written
+by the test (a marker comment), standing in for the patch gate output.
 """
 from __future__ import annotations
 
@@ -25,22 +28,25 @@ import pytest
 
 import tools.kernel_cache.build as kc_build
 from tools.common.errors import UserError
-from tools.kernel_cache.actions import (CACHE_JSON_NAME, Fill, compile_argv, compile_one, link_spec,
+from tools.kernel_cache.actions import (CACHE_JSON_NAME, Fill, compile_argv, compile_one,
                                         object_spec)
 from tools.kernel_cache.build import object_key, record_path
 from tools.kernel_cache.cli import main, parser
-from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, make_plan,
-                                     moe_instantiations, parse_ninja, parse_only, read_plan,
-                                     render_plan, select_modules)
-from tests.cpu.conftest import pinned_toolchain_paths
+from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, find_module,
+                                     make_plan, moe_instantiations, parse_ninja, parse_only,
+                                     read_plan, render_plan, select_modules)
+from tests.cpu.conftest import env_path, pinned_toolchain_paths
 from tools.kernel_cache.toolchain import load_toolchain, unpack_tvm_ffi
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT, flashinfer_source_digest
 from tools.kernel_cache.verify import check_elf, find_cuobjdump, verify
 
-from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer
+from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer, stage_output
 
 MARKER = "kimi-k3 kernel cache test patch"
 MARKED_FILE = "flashinfer/data/include/flashinfer/activation.cuh"
+MODULES = REPO_ROOT / "kernel_cache" / "modules.json"
+SELECTIONS = REPO_ROOT / "kernel_cache" / "selections.json"
+SILU_SO = Path(AOT_SUBDIR) / "silu_and_mul" / "silu_and_mul.so"
 
 
 def _required_env(name: str) -> str:
@@ -59,6 +65,9 @@ def _write_modules(path: Path, modules: list[dict[str, Any]]) -> Path:
 SILU = {"name": "silu_and_mul", "generator": "flashinfer.jit.activation:gen_act_and_mul_module",
         "kwargs": {"act_func_name": "silu"},
         "source_markers": [{"path": MARKED_FILE, "regex": MARKER, "why": "test fixture patch"}]}
+# As modules.json declares it (no source marker), for the module the Bazel actions built.
+SILU_DECLARED = next(m for m in json.loads(MODULES.read_text())["modules"]
+                     if m["name"] == "silu_and_mul")
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +87,27 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with (patched / MARKED_FILE).open("a") as f:
         f.write(f"\n// {MARKER}\n")
     modules = _write_modules(base / "modules.json", [SILU])
-    tc = load_toolchain(cuda_home, userland)
-    out, cache = base / "out", base / "cache"
-    kc_build.build(patched, modules, "12.0f", "full", out, 1, cache, tc, 16000, 10)
+    # The tvm-ffi headers the Bazel actions compiled against (the stack's wheel), so that the
+    # in-process compiles and the toolchain identity are theirs.
+    tc = load_toolchain(cuda_home, userland, str(stage_output("KIMI_KC_SILU_BUILD", "_tvm_ffi")))
     plan = make_plan(patched, modules, "12.0f", "full", tc)
     yield {"base": base, "unpatched": unpatched, "patched": patched, "modules": modules,
-           "tc": tc, "out": out, "cache": cache, "cuda_home": cuda_home, "plan": plan}
+           "tc": tc, "cuda_home": cuda_home, "plan": plan,
+           "tree": env_path("KIMI_KC_OFFLINE_TREE").absolute(),
+           "cache_dir": stage_output("KIMI_KC_SILU_BUILD", "_aot")}
     tempfile.tempdir = saved_tempdir
+
+
+@pytest.fixture(scope="module")
+def built(env: dict[str, Any]) -> dict[str, Any]:
+    """The in-process builder's silu_and_mul, from the tree and with the selection the Bazel
+    actions used (the one compile of a real module in this file)."""
+    bazel = json.loads((env["cache_dir"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    out, cache = env["base"] / "out", env["base"] / "cache"
+    kc_build.build(env["tree"], MODULES, "12.0f", "full", out, 1, cache, env["tc"], 16000, 10,
+                   only=["silu_and_mul"], selection=bazel["selection"], selections_path=SELECTIONS)
+    (obj,) = (cache / "objects").rglob("*.o")
+    return {"out": out, "cache": cache, "object": obj}
 
 
 def test_parse_ninja_expands_variables_and_continuations() -> None:
@@ -137,21 +160,21 @@ def test_unpatched_tree_is_refused_before_building(env: dict[str, Any]) -> None:
 
 
 def test_built_module_has_sm120_code_and_resolves_without_jit(env: dict[str, Any]) -> None:
-    report = verify(env["out"], env["patched"], env["modules"], sys.executable, env["tc"],
-                    None, require_load=True, driver_stub=False)
+    report = verify(env["cache_dir"], env["tree"], MODULES, sys.executable, env["tc"],
+                    None, require_load=True, driver_stub=False, only=["silu_and_mul"])
     r = report["modules"]["silu_and_mul"]
     assert r["elf"] == ["sm_120"]
     assert r["is_aot"] and r["aot_path"].endswith("flashinfer/data/aot/silu_and_mul/silu_and_mul.so")
     assert r["jit_refused"], "FLASHINFER_DISABLE_JIT=1 must refuse to compile"
     assert r["loaded"], r["load_error"]
-    data = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    data = json.loads((env["cache_dir"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     assert data["arch_list"] == "12.0f"
     assert data["toolchain"]["nvcc_version"].startswith(env["tc"].nvcc_release)
-    assert data["patched_source_digest"] == flashinfer_source_digest(env["patched"])
+    assert data["patched_source_digest"] == flashinfer_source_digest(env["tree"])
 
 
 def test_wrong_arch_fails_the_elf_check(env: dict[str, Any]) -> None:
-    so = env["out"] / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
+    so = env["cache_dir"] / SILU_SO
     objdump = find_cuobjdump(env["tc"], None)
     with pytest.raises(UserError, match=r"device code for \['sm_120'\], expected \['sm_90a'\]"):
         check_elf(objdump, so, "9.0a")
@@ -159,31 +182,35 @@ def test_wrong_arch_fails_the_elf_check(env: dict[str, Any]) -> None:
 
 def test_cache_for_another_arch_is_refused(env: dict[str, Any]) -> None:
     with pytest.raises(UserError, match="built for arch 12.0f, required 9.0a"):
-        verify(env["out"], env["patched"], None, sys.executable, env["tc"], None, True, False,
+        verify(env["cache_dir"], env["tree"], None, sys.executable, env["tc"], None, True, False,
                arch="9.0a")
 
 
 def test_cache_from_other_sources_is_refused(env: dict[str, Any]) -> None:
+    """Checked against another FlashInfer tree (the default stack's, unpatched)."""
     with pytest.raises(UserError, match="stale or unpatched cache"):
-        verify(env["out"], env["unpatched"], None, sys.executable, env["tc"], None, True, False)
+        verify(env["cache_dir"], env["unpatched"], None, sys.executable, env["tc"], None, True,
+               False)
 
 
 def test_missing_module_is_named(env: dict[str, Any]) -> None:
-    modules = _write_modules(env["base"] / "two.json", [SILU, {
+    modules = _write_modules(env["base"] / "two.json", [SILU_DECLARED, {
         "name": "norm", "generator": "flashinfer.jit.norm:gen_norm_module"}])
     with pytest.raises(UserError, match="module norm .* is missing"):
-        verify(env["out"], env["patched"], modules, sys.executable, env["tc"], None, True, False)
+        verify(env["cache_dir"], env["tree"], modules, sys.executable, env["tc"], None, True,
+               False)
 
 
 def test_altered_module_is_refused(env: dict[str, Any], tmp_path: Path) -> None:
     copy = tmp_path / "cache"
-    shutil.copytree(env["out"], copy)
-    so = copy / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so"
+    shutil.copytree(env["cache_dir"], copy)
+    so = copy / SILU_SO
+    so.chmod(0o644)  # Bazel's outputs are read-only
     data = bytearray(so.read_bytes())
     data[-1] ^= 1
     so.write_bytes(bytes(data))
     with pytest.raises(UserError, match="sha256 differs"):
-        verify(copy, env["patched"], None, sys.executable, env["tc"], None, True, False)
+        verify(copy, env["tree"], None, sys.executable, env["tc"], None, True, False)
 
 
 def test_object_key_is_stable_and_sensitive(env: dict[str, Any]) -> None:
@@ -209,51 +236,59 @@ def test_object_key_is_stable_and_sensitive(env: dict[str, Any]) -> None:
     assert object_key(changed, m, m["objects"][0], tc_digest) != key
 
 
-def test_warm_rebuild_compiles_nothing(env: dict[str, Any], capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path) -> None:
-    kc_build.build(env["patched"], env["modules"], "12.0f", "full", tmp_path / "out", 1,
-                   env["cache"], env["tc"], 16000, 10)
+def test_warm_rebuild_compiles_nothing(env: dict[str, Any], built: dict[str, Any],
+                                       capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An object's key is its own command, sources and toolchain: a plan of silu_and_mul alone
+    (no selection) finds the object and module the first build cached."""
+    capsys.readouterr()
+    modules = _write_modules(tmp_path / "silu.json", [SILU_DECLARED])
+    kc_build.build(env["tree"], modules, "12.0f", "full", tmp_path / "out", 1, built["cache"],
+                   env["tc"], 16000, 10)
     assert "1 cached, 0 to compile" in capsys.readouterr().err
-    a = (env["out"] / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
-    b = (tmp_path / "out" / AOT_SUBDIR / "silu_and_mul" / "silu_and_mul.so").read_bytes()
-    assert a == b
+    assert (built["out"] / SILU_SO).read_bytes() == (tmp_path / "out" / SILU_SO).read_bytes()
 
 
-def test_bazel_action_chain_gives_the_same_module(env: dict[str, Any], tmp_path: Path) -> None:
-    """gen-sources -> compile-object -> link-module -> assemble, as defs.bzl runs them."""
-    plan_file = tmp_path / "plan.bzl"
-    plan_file.write_text(render_plan(env["plan"]))
-    common = ["--cuda-home", env["cuda_home"], "--userland", str(env["tc"].userland)]
-    tree = ["--flashinfer-tree", str(env["patched"])]
-    gen, objs = tmp_path / "gen", tmp_path / "objs"
-    assert main(["gen-sources", *common, *tree, "--plan", str(plan_file), "--modules",
-                 str(env["modules"]), "--module", "silu_and_mul", "--out", str(gen)]) == 0
-    (obj,) = env["plan"]["modules"][0]["objects"]
-    # defs.bzl hands compile and link actions their own entry, not the plan file.
-    obj_spec_file, link_spec_file = tmp_path / "obj.json", tmp_path / "link.json"
-    obj_spec_file.write_text(json.dumps(object_spec(env["plan"], "silu_and_mul", obj["out"])))
-    link_spec_file.write_text(json.dumps(link_spec(env["plan"], "silu_and_mul")))
-    assert main(["compile-object", *common, *tree, "--spec", str(obj_spec_file), "--gen-dir",
-                 str(gen), "--out", str(objs / obj["out"])]) == 0
-    so = tmp_path / "silu_and_mul.so"
-    assert main(["link-module", *common, "--spec", str(link_spec_file), "--objects-dir", str(objs),
-                 "--out", str(so)]) == 0
-    # The same object through --plan/--module/--object (the CLI for people) is the same bytes.
-    again = tmp_path / "again.o"
-    assert main(["compile-object", *common, *tree, "--plan", str(plan_file), "--module",
-                 "silu_and_mul", "--object", obj["out"], "--gen-dir", str(gen), "--out",
-                 str(again)]) == 0
-    assert again.read_bytes() == (objs / obj["out"]).read_bytes()
+def test_bazel_actions_and_the_in_process_build_give_one_module(env: dict[str, Any],
+                                                                built: dict[str, Any]) -> None:
+    """gen-sources -> compile-object -> link-module -> assemble as defs.bzl runs them (sandboxed,
+    //tests/cpu/kernel_cache:silu_and_mul_build) and build.py from the same tree: the same
+    object, module and kernel_cache.json (plan, toolchain identity, digests), byte for byte."""
+    ours = json.loads((built["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    theirs = json.loads((env["cache_dir"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    assert ours == theirs
+    assert built["object"].read_bytes() == stage_output("KIMI_KC_SILU_BUILD", ".cuda.o").read_bytes()
+    assert (built["out"] / SILU_SO).read_bytes() == (env["cache_dir"] / SILU_SO).read_bytes()
+
+
+def test_compile_object_by_plan_or_by_spec_compiles_one_entry(
+        env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The CLI for people (--plan/--module/--object) hands the compiler the same object entry
+    and paths as the spec file defs.bzl writes for the action (the compile itself is the
+    test above's); a spec of the wrong kind is refused."""
+    import tools.kernel_cache.cli as cli
+    calls = []
+
+    def record(module: Any, obj: Any, fill: Fill, out: Path, nice: int) -> float:
+        calls.append((dict(module), dict(obj), fill.tree, fill.gen_dir, nice))
+        return 0.0
+
+    monkeypatch.setattr(cli, "compile_one", record)
+    plan_file = stage_output("KIMI_KC_SILU_BUILD", ".bzl")
+    plan = read_plan(plan_file)
+    (obj,) = find_module(plan, "silu_and_mul")["objects"]
+    spec = tmp_path / "obj.json"
+    spec.write_text(json.dumps(object_spec(plan, "silu_and_mul", obj["out"])))
+    common = ["--cuda-home", env["cuda_home"], "--userland", str(env["tc"].userland),
+              "--tvm-ffi", str(env["tc"].tvm_ffi_dir), "--flashinfer-tree", str(env["tree"]),
+              "--gen-dir", str(tmp_path / "gen"), "--out", str(tmp_path / "x.o")]
+    assert main(["compile-object", *common, "--spec", str(spec)]) == 0
+    assert main(["compile-object", *common, "--plan", str(plan_file), "--module", "silu_and_mul",
+                 "--object", obj["out"]]) == 0
+    assert len(calls) == 2 and calls[0] == calls[1], calls
+    assert calls[0][1] == {k: v for k, v in obj.items() if k != "mem_mb"}
     with pytest.raises(UserError, match="not a link spec"):
-        main(["link-module", *common, "--spec", str(obj_spec_file), "--objects-dir", str(objs),
-              "--out", str(tmp_path / "x.so")])
-    out = tmp_path / "aot"
-    assert main(["assemble", *common, "--plan", str(plan_file), "--module-so",
-                 f"silu_and_mul={so}", "--out", str(out)]) == 0
-    built = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
-    chained = json.loads((out / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
-    assert chained["modules"]["silu_and_mul"]["sha256"] == built["modules"]["silu_and_mul"]["sha256"]
-    assert chained == built
+        main(["link-module", "--cuda-home", env["cuda_home"], "--spec", str(spec),
+              "--objects-dir", str(tmp_path), "--out", str(tmp_path / "x.so")])
 
 
 INTERNAL_SYMBOL_SOURCE = """
@@ -339,7 +374,7 @@ def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:
     which_as = subprocess.run(["sh", "-c", "command -v as"], capture_output=True, text=True,
                               env=tc.env()).stdout.strip()
     assert which_as == str(tc.userland / "usr" / "bin" / "as"), which_as
-    built = json.loads((env["out"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
+    built = json.loads((env["cache_dir"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     assert built["toolchain"] == ident
     assert "/usr/local/cuda" not in json.dumps(built)
 
@@ -619,7 +654,9 @@ def test_default_cache_dir_is_under_the_shared_cache_root(
 
 # The pypi stack's plan (its own FlashInfer) is checked against its wheel in test_selection.py.
 @pytest.mark.parametrize("plan_name", [*FULL_PLANS, "plan_120f_kimi-k3.bzl",
-                                       "plan_90a_gpu-test-sm90.bzl", "plan_120f_kimi-k3.pypi.bzl"])
+                                       "plan_90a_gpu-test-sm90.bzl", "plan_120f_kimi-k3.pypi.bzl",
+                                       "plan_120f_load-check.pypi.bzl",
+                                       "plan_90a_gpu-test-sm90.pypi.bzl"])
 def test_checked_in_plan_is_byte_for_byte_what_the_tool_writes(plan_name: str) -> None:
     """Header included: it names the generator, so a plan left from an older tool shows here."""
     path = REPO_ROOT / "kernel_cache" / plan_name

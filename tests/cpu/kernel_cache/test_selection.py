@@ -3,9 +3,12 @@
 Needs what test_kernel_cache.py needs (the default stack's flashinfer-python wheel as
 KIMI_TEST_FLASHINFER_WHEEL, the pinned toolchain (KIMI_KC_CUDA_IDENTITY, KIMI_KC_USERLAND_IDENTITY); missing
 nvcc fails, never skips). The wheel stands in for the patched tree: #4460 changes file contents,
-not which instantiations exist. One pruned fused_moe_120 (no runner selected) is compiled and
-linked for real (a few minutes of nvcc), loaded with every symbol bound (LD_BIND_NOW, the image
-smoke test's driver stub), and an unselected runner is constructed through the module.
+not which instantiations exist. The compiled products come from the kernel stage's own Bazel
+actions, built from the patch-gate tree of a stack that needs no GitHub (KIMI_KC_OFFLINE_TREE;
+tests/cpu/kernel_cache/BUILD.bazel): the pruned fused_moe_120 of the test-only selection
+load-check (no runner; KIMI_KC_LOAD_CHECK_BUILD), loaded here with every symbol bound
+(LD_BIND_NOW, the image smoke test's driver stub) and an unselected runner constructed through
+it; and gpu-test-sm90's W4A16 stub object with its generated sources (KIMI_KC_W4A16_STUBS_BUILD).
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import ast
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,18 +25,16 @@ from typing import Any, Iterator
 
 import pytest
 
-import tools.kernel_cache.build as kc_build
-from tools.kernel_cache.actions import Fill, compile_one
 from tools.common.errors import UserError
 from tools.image.smoke import write_driver_stub
 from tools.kernel_cache.plan import describe_drift, make_plan, moe_instantiations, read_plan
 from tools.kernel_cache.selection import (BINDING, HEADER_NAME, INSTANTIATION, SELECTION_DIR,
                                           instances, load_selections)
-from tests.cpu.conftest import pinned_toolchain_paths, stack_version
+from tests.cpu.conftest import env_path, pinned_toolchain_paths, stack_version
 from tools.kernel_cache.toolchain import load_toolchain
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT
 
-from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer
+from tests.cpu.kernel_cache.plan_checks import assert_plan_matches_flashinfer, stage_output
 
 SELECTIONS = REPO_ROOT / "kernel_cache" / "selections.json"
 MODULES = REPO_ROOT / "kernel_cache" / "modules.json"
@@ -104,22 +104,25 @@ def test_checked_in_selection_plan_matches_flashinfer(env: dict[str, Any], plan_
     assert_plan_matches_flashinfer(env["tree"], plan_name, env["tc"])
 
 
-def test_pypi_stack_plan_matches_its_flashinfer(env: dict[str, Any], tmp_path: Path) -> None:
-    """The pypi stack's kimi-k3 plan is what the same selection makes of its FlashInfer wheel (its
-    series is empty: the gate's tree is the wheel; digests are checked by :plan_check)."""
-    tree = tmp_path / "fi_pypi"
-    with zipfile.ZipFile(_required_env("KIMI_TEST_FLASHINFER_PYPI_WHEEL")) as z:
-        z.extractall(tree)
-    checked_in = read_plan(REPO_ROOT / "kernel_cache" / "plan_120f_kimi-k3.pypi.bzl")
-    assert (checked_in["flashinfer_version"], checked_in["selection"]) == (stack_version("pypi", "flashinfer"),
-                                                                           "kimi-k3")
-    fresh = make_plan(tree, MODULES, "12.0f", "full", env["tc"], selection="kimi-k3",
-                      selections_path=SELECTIONS)
-    for plan in (checked_in, fresh):
-        plan["patched_source_digest"] = None
-    assert describe_drift(checked_in, fresh) is None
-    (moe,) = [m for m in fresh["modules"] if m["name"] == "fused_moe_120"]
-    assert len(moe["objects"]) == 17
+def test_offline_stack_plans_match_its_flashinfer(env: dict[str, Any]) -> None:
+    """Each checked-in plan of the stack the Bazel products here are built from is what its
+    selection makes of that stack's patch-gate tree (the tree those actions compile), digests
+    included; the kimi-k3 one keeps 17 of fused_moe_120's objects."""
+    stack = _required_env("KIMI_KC_OFFLINE_STACK")
+    tree = env_path("KIMI_KC_OFFLINE_TREE")
+    plans = sorted((REPO_ROOT / "kernel_cache").glob(f"plan_*.{stack}.bzl"))
+    selections = set()
+    for path in plans:
+        checked_in = read_plan(path)
+        assert checked_in["flashinfer_version"] == stack_version(stack, "flashinfer"), path.name
+        fresh = make_plan(tree, MODULES, checked_in["arch"], "full", env["tc"],
+                          selection=checked_in["selection"], selections_path=SELECTIONS)
+        assert describe_drift(checked_in, fresh) is None, path.name
+        selections.add(checked_in["selection"])
+        if checked_in["selection"] == "kimi-k3":
+            (moe,) = [m for m in fresh["modules"] if m["name"] == "fused_moe_120"]
+            assert len(moe["objects"]) == 17
+    assert selections >= {"kimi-k3", "load-check", "gpu-test-sm90"}, [p.name for p in plans]
 
 
 def test_kimi_k3_plan_compiles_only_mxfp8_x_mxfp4(env: dict[str, Any], tmp_path: Path) -> None:
@@ -168,24 +171,20 @@ def _mixed_tiles(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             for m in _MIXED_RE.finditer(text)]
 
 
-def test_w4a16_tile_set_compiles_its_tiles_and_stubs_the_rest(env: dict[str, Any],
-                                                             tmp_path: Path) -> None:
+def test_w4a16_tile_set_compiles_its_tiles_and_stubs_the_rest() -> None:
     """gpu-test-sm90 keeps two W4A16 tiles: FlashInfer's generated mixed-input files hold only
     those, every other bf16 x e2m1 launcher is a stub (an explicit specialization, the symbol
     FlashInfer's explicit instantiation would define) that throws naming its tile and where to
-    select it, and the stub file compiles for 9.0a and defines exactly those symbols."""
-    decl = next(m for m in json.loads(MODULES.read_text())["modules"] if m["name"] == "fused_moe_90")
-    modules = tmp_path / "modules.json"
-    modules.write_text(json.dumps({"schema_version": 1, "modules": [
-        {k: v for k, v in decl.items() if k != "source_markers"}]}))
-    gen = tmp_path / "gen"
-    plan = make_plan(env["tree"], modules, "9.0a", "full", env["tc"], gen_out=gen,
-                     enforce_markers=False, selection="gpu-test-sm90", selections_path=SELECTIONS)
-    (m,) = plan["modules"]
+    select it, and the stub file compiles for 9.0a and defines exactly those symbols. The
+    generated sources, the plan and the object are the Bazel actions' (gen-sources checked them
+    against the plan, compile-object ran the plan's command with the pinned toolchain)."""
+    plan = read_plan(stage_output("KIMI_KC_W4A16_STUBS_BUILD", ".bzl"))
+    assert (plan["arch"], plan["selection"]) == ("9.0a", "gpu-test-sm90")
+    (m,) = [m for m in plan["modules"] if m["name"] == "fused_moe_90"]
     (entry,) = [k for k in load_selections(SELECTIONS)["selections"]["gpu-test-sm90"]["modules"]
                 ["fused_moe_90"]["kernels"] if "tiles" in k]
     wanted = {(tuple(t["cta"]), tuple(t["cluster"])) for t in entry["tiles"]}
-    mod_gen = gen / "fused_moe_90"
+    mod_gen = stage_output("KIMI_KC_W4A16_STUBS_BUILD", "fused_moe_90_gen")
     kept_files = sorted(mod_gen.rglob("*_Mixed_*.generated.cu"))
     kept = [t for f in kept_files for t in _mixed_tiles(f.read_text())]
     assert kept and set(kept) == wanted, kept
@@ -200,9 +199,10 @@ def test_w4a16_tile_set_compiles_its_tiles_and_stubs_the_rest(env: dict[str, Any
             "kernel selection gpu-test-sm90 (arch 9.0a); add {\\\"cta\\\": [64, 16, 128], \\\"cluster\\\": "
             "[2, 1, 1]} to selections.gpu-test-sm90.modules.fused_moe_90.kernels[1].tiles") in stub_text
     (stub_obj,) = [o for o in m["objects"] if o["out"] == "stubs_unselected_tiles.cuda.o"]
-    # Compiled as the plan compiles it, with the pinned toolchain: one definition per stub.
-    compile_one(m, stub_obj, Fill(env["tree"], mod_gen, env["tc"]), tmp_path / "stub.o", 0)
-    defined = subprocess.run(["nm", "-C", "--defined-only", str(tmp_path / "stub.o")],
+    assert "-gencode=arch=compute_90a,code=sm_90a" in stub_obj["args"], stub_obj["args"]
+    # Compiled as the plan compiles it: one definition per stub.
+    defined = subprocess.run(["nm", "-C", "--defined-only",
+                              str(stage_output("KIMI_KC_W4A16_STUBS_BUILD", stub_obj["out"]))],
                              capture_output=True, text=True, check=True).stdout
     assert len([ln for ln in defined.splitlines() if " T " in ln
                 and "sm90_generic_mixed_moe_gemm_kernelLauncher<" in ln]) == len(stubbed)
@@ -254,7 +254,7 @@ def test_unknown_tile_is_named_in_one_line(env: dict[str, Any], tmp_path: Path) 
 
 def test_unknown_selection_is_named(env: dict[str, Any]) -> None:
     with pytest.raises(UserError, match=r"--selection kimi: not in .*selections.json \(has full, "
-                                        r"gpu-test-sm90, kimi-k3\)"):
+                                        r"gpu-test-sm90, kimi-k3, load-check\)"):
         make_plan(env["tree"], env["modules"], "12.0f", "full", env["tc"], enforce_markers=False,
                   selection="kimi", selections_path=SELECTIONS)
 
@@ -275,20 +275,19 @@ except Exception as e:
 """
 
 
-def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
-        env: dict[str, Any], tmp_path: Path) -> None:
-    """The smallest pruned fused_moe_120 (no runner, no GEMM kernel): links, loads with every
-    symbol bound (nothing undefined that the loader would need), and constructing the bf16
-    runner raises exactly RuntimeError (as the docs say; TVM FFI kind NotImplementedError)
-    naming it and the selection to add it to."""
-    path = _selections(tmp_path / "selections.json", **{"load-check": _moe([], [], [])})
-    out = tmp_path / "out"
-    kc_build.build(env["tree"], env["modules"], "12.0f", "full", out, 2, tmp_path / "cache",
-                   env["tc"], 9000, 10, selection="load-check", selections_path=path)
-    data = json.loads((out / AOT_SUBDIR / "kernel_cache.json").read_text())
-    assert data["selection"] == "load-check"
-    so = out / AOT_SUBDIR / "fused_moe_120" / "fused_moe_120.so"
-    assert data["modules"]["fused_moe_120"]["objects"] == 14  # 8 CUDA + 6 host C++, no kernels
+def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(tmp_path: Path) -> None:
+    """The smallest pruned fused_moe_120 (selection load-check: no runner, no GEMM kernel), as
+    the Bazel actions compile and link it: loads with every symbol bound (nothing undefined that
+    the loader would need), and constructing the bf16 runner raises exactly RuntimeError (as the
+    docs say; TVM FFI kind NotImplementedError) naming it and the selection to add it to."""
+    aot = stage_output("KIMI_KC_LOAD_CHECK_BUILD", "_aot") / AOT_SUBDIR
+    data = json.loads((aot / "kernel_cache.json").read_text())
+    assert data["selection"] == "load-check" and data["arch_list"] == "12.0f"
+    chosen = load_selections(SELECTIONS)["selections"]["load-check"]["modules"]["fused_moe_120"]
+    assert (chosen["runners"], chosen["gemm_runners"], chosen["kernels"]) == ([], [], [])
+    moe = data["modules"]["fused_moe_120"]
+    assert moe["kernel_selection"]["runners"] == [] and moe["objects"] == 14  # 8 CUDA + 6 host C++
+    so = aot / moe["path"]
     # The image smoke test's stand-in libcuda.so.1, defining the driver symbols the module imports.
     listing = subprocess.run(["nm", "-D", "--undefined-only", str(so)], capture_output=True,
                              text=True, check=True).stdout
@@ -296,7 +295,7 @@ def test_pruned_module_loads_and_an_unselected_runner_fails_by_name(
                      if re.match(r"^cu[A-Z]\w*$", ln.split()[-1].split("@")[0])})
     rootfs = tmp_path / "rootfs"
     stub_dir = rootfs / write_driver_stub(rootfs, driver).lstrip("/")
-    libs = [str(stub_dir), str(Path(env["cuda_home"]) / "lib")]
+    libs = [str(stub_dir), str(Path(pinned_toolchain_paths()[0]) / "lib")]
     proc = subprocess.run(
         [sys.executable, "-c", _CALL_UNSELECTED, str(so)], capture_output=True, text=True,
         env={**os.environ, "LD_BIND_NOW": "1", "LD_LIBRARY_PATH": os.pathsep.join(libs)})

@@ -106,7 +106,7 @@ def test_selection_mistakes_are_refused_at_load_in_one_line(
 
 def test_checked_in_selections_load() -> None:
     data = load_selections(SELECTIONS)
-    assert sorted(data["selections"]) == ["full", "gpu-test-sm90", "kimi-k3"]
+    assert sorted(data["selections"]) == ["full", "gpu-test-sm90", "kimi-k3", "load-check"]
 
 
 def _line_of(text: str, needle: str) -> int:

@@ -115,6 +115,8 @@ def _kernel_cache_impl(ctx):
     index = 0
     module_sos = []
     specs = []
+    all_objects = []
+    gen_dirs = []
     assemble_args = ["assemble"] + common + ["--plan", plan_file.path]
     for module in modules:
         name = module["name"]
@@ -141,6 +143,7 @@ def _kernel_cache_impl(ctx):
                 "Generating FlashInfer sources of %s (%d files)" % (name, len(module["gen_files"])),
             )
             gen_inputs = [gen_dir]
+            gen_dirs.append(gen_dir)
         objects = []
         for obj in module["objects"]:
             index += 1
@@ -174,6 +177,7 @@ def _kernel_cache_impl(ctx):
                 resource_set = _resources(obj["mem_mb"]),
             )
             objects.append(out)
+        all_objects += objects
         so = ctx.actions.declare_file("%s/%s.so" % (ctx.label.name, name))
         link_spec = ctx.actions.declare_file("%s/%s_specs/link.json" % (ctx.label.name, name))
         ctx.actions.write(link_spec, json.encode({
@@ -223,6 +227,12 @@ def _kernel_cache_impl(ctx):
             modules = depset(module_sos),
             # For spec_check, which compares them with tools/kernel_cache/actions.py object_spec/link_spec.
             specs = depset(specs),
+            # For the CPU tests that take the stage's own products apart (tools/kernel_cache/
+            # testing.bzl): Bazel runs only the actions of the files a test asks for.
+            objects = depset(all_objects),
+            gen = depset(gen_dirs),
+            tvm_ffi = depset([tvm_ffi]),
+            plan = depset([plan_file]),
         ),
     ]
 
