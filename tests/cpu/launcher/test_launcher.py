@@ -213,14 +213,16 @@ class StandInRoot:
                 got.add(words[2])
         return got
 
-    def seen_inside(self, path: Path) -> str | None:
+    def seen_inside(self, path: Path, bound_itself: bool = True) -> str | None:
         """path's text as the sealed root sees it now (through the holder's mount namespace), None
-        when nothing is bound there."""
+        when nothing is bound there (bound_itself=False: when it is not there, under a bound
+        directory)."""
         # Through nsenter, not /proc/PID/root: when this test runs in the sealed root, the holder is
         # chrooted into HOST_ROOT while the launcher mounts relative to its namespace's own root.
         pid = self.holder_pid_file.read_text().strip()
         proc = subprocess.run([shutil.which("nsenter") or "/usr/bin/nsenter", "--mount", "--target", pid,
-                               "sh", "-c", 'mountpoint -q "$0" && cat "$0"', f"{self.root}{path}"],
+                               "sh", "-c", ('mountpoint -q "$0" && ' if bound_itself else "") + 'cat "$0"',
+                               f"{self.root}{path}"],
                               stdout=subprocess.PIPE, text=True, timeout=30)
         return proc.stdout if proc.returncode == 0 else None
 
@@ -372,7 +374,8 @@ def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
     for command in ("nsenter", "bash", "/usr/bin/env"):  # the chain really went through the shims
         assert f"{command} " in argv_log, argv_log
     assert password not in argv_log and pip_secret not in argv_log, "a secret was on a command line"
-    assert run.bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}", "info", "release"]
+    assert run.bazel_args.read_text().splitlines() == [str(cache), f"--output_user_root={out_root}",
+                                                       f"--bazelrc={cache}/tools-bazel.bazelrc", "info", "release"]
     got = dict(kv.split("=", 1) for kv in run.bazel_env.read_text().split("\0") if kv)
     assert got.pop("KIMI_K3_REGISTRY_PASSWORD") == password
     assert got.pop("PIP_INDEX_URL") == "https://pypi.example/simple"
@@ -383,6 +386,30 @@ def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
                    "KIMI_K3_CACHE": str(cache), "KIMI_K3_FORCE_SEALED_ROOT": "1",
                    "KIMI_K3_SEALED_ROOT_DIR": str(run.roots), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(out_root),
                    "KIMI_K3_REGISTRY_USERNAME": "alice"}
+
+
+def test_launcher_gives_bazel_a_disk_cache_under_the_cache_root(tmp_path: Path) -> None:
+    """Every command gets Bazel's disk cache (a second clone reruns only what changed) through an
+    rc file at a fixed path (a startup option: a changed path would restart the server); its
+    place and size cap come from the environment, and a bad value is one line."""
+    run = run_launcher_in_stand_in_root(tmp_path / "a", {"KIMI_K3_DISK_CACHE_MAX_SIZE": "7G"})
+    rc = run.cache / "tools-bazel.bazelrc"
+    assert f"--bazelrc={rc}" in run.bazel_args.read_text().splitlines()
+    lines = [ln for ln in rc.read_text().splitlines() if not ln.startswith("#")]
+    assert lines == [f"common --disk_cache={run.cache}/bazel-disk-cache",
+                     "common --experimental_disk_cache_gc_max_size=7G"]
+    assert (run.cache / "bazel-disk-cache").is_dir()
+    off = run_launcher_in_stand_in_root(tmp_path / "b", {"KIMI_K3_DISK_CACHE": "off"})
+    assert [ln for ln in (off.cache / "tools-bazel.bazelrc").read_text().splitlines() if not ln.startswith("#")] == []
+    for bad, message in (({"KIMI_K3_DISK_CACHE_MAX_SIZE": "lots"}, "KIMI_K3_DISK_CACHE_MAX_SIZE=lots: expected a size"),
+                         ({"KIMI_K3_DISK_CACHE": "relative/dir"}, "KIMI_K3_DISK_CACHE=relative/dir: expected an absolute")):
+        stand_in = StandInRoot(tmp_path / f"c{len(message)}")
+        try:
+            proc = stand_in.run(bad, check=False)
+        finally:
+            stand_in.close()
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"tools/bazel: error: {message}"), proc.stderr
 
 
 def test_bazel_launcher_binds_what_the_pip_configuration_names(tmp_path: Path) -> None:
@@ -455,6 +482,30 @@ def test_bazel_launcher_follows_pip_config_edits_and_removal(tmp_path: Path) -> 
         stand_in.close()
         shutil.rmtree(outside)
 
+
+
+def test_bazel_launcher_binds_a_directory_made_again_at_the_same_path(tmp_path: Path) -> None:
+    """A bound directory removed and made again at its path (a checkout cloned anew, a mirror
+    filled anew) is another inode: the long-lived namespace must bind the new one, not keep
+    showing the deleted one (Bazel then failed with `getcwd() failed`). Outside /tmp, as above."""
+    where = host_root_prefix()
+    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-mirror-", dir=where + "/var/tmp"))
+    mirror = Path(str(outside)[len(where):])  # the path as the launcher (host root) sees it
+    (outside / "old.whl").write_text("old\n")
+    env = {"KIMI_K3_MIRROR": str(mirror)}
+    stand_in = StandInRoot(tmp_path / "stand-in")
+    try:
+        stand_in.run(env)
+        assert stand_in.seen_inside(mirror / "old.whl", bound_itself=False) == "old\n"
+        shutil.rmtree(outside)
+        outside.mkdir()
+        (outside / "new.whl").write_text("new\n")
+        stand_in.run(env)
+        assert stand_in.seen_inside(mirror / "new.whl", bound_itself=False) == "new\n"
+        assert stand_in.seen_inside(mirror / "old.whl", bound_itself=False) is None
+    finally:
+        stand_in.close()
+        shutil.rmtree(outside, ignore_errors=True)
 
 
 def no_sentinel_in_files(top: Path, sentinels: list[str], skip: tuple[Path, ...] = ()) -> list[str]:
