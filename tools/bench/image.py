@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_args += ["--base-layout", str(args.base_layout)]
     rows = []
     for name, sources in layer_plan(args, sbom_file):
-        blob, desc = args.work / "layers" / f"{name}.tar.gz", args.work / "layers" / f"{name}.json"
+        blob, desc = args.work / "layers" / f"{name}.tar.zst", args.work / "layers" / f"{name}.json"
         started = time.monotonic()
         oci_layer.main(["--name", name, "--out", str(blob), "--descriptor", str(desc), *sources])
         seconds = time.monotonic() - started

@@ -7,6 +7,7 @@
     empty_directory    a directory output with nothing in it (stand-in kernel cache)
     sbom               tools/image/sbom.py: the SPDX document shipped in the image
     oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
+    oci_rootfs         the image's root as its layers' parts, for the launch-profile check (no blobs)
     oci_push           `bazel run` target: tools/image/push.py on that layout
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
@@ -25,6 +26,7 @@ load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
 load("//tools/image/private:push.bzl", _oci_push = "oci_push")
 load("//tools/image/private:rootfs.bzl", _debian_rootfs = "debian_rootfs")
+load("//tools/image/private:rootfs_plan.bzl", _oci_rootfs = "oci_rootfs")
 load("//tools/image/private:sbom.bzl", _sbom = "sbom")
 
 debian_rootfs = _debian_rootfs
@@ -33,5 +35,6 @@ entrypoint_layer = _entrypoint_layer
 empty_directory = _empty_directory
 sbom = _sbom
 oci_image_layout = _oci_image_layout
+oci_rootfs = _oci_rootfs
 oci_push = _oci_push
 LayerInfo = _LayerInfo

@@ -6,7 +6,7 @@ refuse or fail to load.
 Usage (what tools/image/private/layer.bzl `entrypoint_layer` runs):
     python3 -m tools.image.entrypoint_layer --entrypoint FILE --entrypoint-image-path PATH
         --profile FILE... --profiles-image-dir DIR --needs FILE --selections FILE --lock FILE
-        --name NAME --out LAYER.tar.gz --descriptor LAYER.json --source-date-epoch N
+        --name NAME --out LAYER.tar.gz --descriptor LAYER.json --source-date-epoch N [--compression zstd|gzip]
 
 The layer holds the entrypoint (mode 755) at PATH and each profile at DIR/NAME.json, the files
 just checked; a check that fails writes nothing.
@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--descriptor", required=True)
     p.add_argument("--source-date-epoch", required=True)
+    p.add_argument("--compression", default="zstd", help="the blob's encoding (tools/image/layer.py --compression)")
     args = p.parse_args(argv)
     if not args.profile:
         raise UserError("entrypoint layer: no --profile given; the image ships its launch profiles (image/profiles/)")
@@ -44,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = [f"{args.entrypoint_image_path}={args.entrypoint}:755"]
     files += [f"{args.profiles_image_dir}/{path.name}={path}" for path in args.profile]
     return layer.main(["--name", args.name, "--out", args.out, "--descriptor", args.descriptor,
-                       "--source-date-epoch", args.source_date_epoch, *(x for f in files for x in ("--file", f))])
+                       "--source-date-epoch", args.source_date_epoch, "--compression", args.compression,
+                       *(x for f in files for x in ("--file", f))])
 
 
 if __name__ == "__main__":

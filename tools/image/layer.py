@@ -1,9 +1,11 @@
 """Reproducible OCI layer tars: same inputs -> byte-identical blob, same digest.
 
 Usage:
+    python3 -m tools.image.layer --out-tree DIR [--wheel WHEEL]... [--wheel-dir DIR]...
     python3 -m tools.image.layer --name NAME --out LAYER.tar.gz --descriptor LAYER.json \
         [--tree IMAGE_DIR=HOST_DIR]... [--site-tree HOST_DIR]... [--wheel WHEEL]... \
-        [--wheel-dir DIR]... [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar] [--compression gzip|none]
+        [--wheel-dir DIR]... [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar]
+        [--compression zstd|gzip|none]
         [--kernel-cache-arch ARCH]
 
 The descriptor JSON ({name, mediaType, digest, size, diff_id}) is what tools/image/layout.py reads.
@@ -21,17 +23,27 @@ can promise byte-identical layers. Here every one of those is fixed:
   their numeric owners and permission bits, which the OS needs, e.g. /tmp 1777);
 - modes normalized: directories 0755, files 0755 if any execute bit else 0644, symlinks 0777;
 - tar headers from Python's tarfile in PAX format with int mtimes (no float pax records);
-- gzip from zlib with wbits=31 at a fixed level: its header carries mtime 0 and no file name.
-  The compressed bytes depend on the zlib build, which the pinned interpreter fixes; the
-  image records zlib's version in a label so a changed digest can be traced to it.
+- one compressor at a fixed level, single-threaded: zstd (the default) from the `zstandard`
+  package of the tools venv's lock, whose bundled libzstd fixes the bytes on every machine; or
+  gzip from zlib with wbits=31 (header with mtime 0 and no file name), whose bytes depend on the
+  zlib build the interpreter links. Each descriptor names its compressor and version, and the
+  image records it in a label, so a changed digest can be traced to it.
+
+Why zstd by default: the layers are GBs of tar, and zstd level 3 costs a small fraction of the
+CPU of zlib's gzip level 1 for smaller blobs (docs/measurements/2026-12-02.md); on a small build
+host that CPU competes with the kernel compile. Runtimes that read zstd layers:
+containerd 1.5+, Docker Engine 23.0+, podman/CRI-O (containers/image 5.x), umoci 0.4.7+, skopeo.
+Older runtimes take the gzip build (`--//image:layer_compression=gzip`, a different digest).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import sys
 import tarfile
@@ -42,11 +54,15 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import temp_sibling, write_bytes_atomic
+from tools.common.files import dir_replaced_atomically, temp_dir_sibling, temp_sibling, write_bytes_atomic
 from tools.common.jsonfmt import canonical_json
 
 GZIP_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+ZSTD_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 TAR_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
+MEDIA_TYPES = {"zstd": ZSTD_MEDIA_TYPE, "gzip": GZIP_MEDIA_TYPE, "none": TAR_MEDIA_TYPE}
+# zstd's own default level; fixed like GZIP_LEVEL (a change changes every digest).
+ZSTD_LEVEL = 3
 # Level 1: the torch + CUDA layer is ~5.5 GB; level 6 roughly triples the time for ~10% smaller
 # blobs. Changing the level changes every layer digest, so it is a constant, not an option.
 GZIP_LEVEL = 1
@@ -56,9 +72,28 @@ IMAGE_PYTHON = "/usr/bin/python3"
 _CHUNK = 1 << 20
 
 
-def compression_id() -> str:
-    """What produced the compressed bytes; recorded as an image label."""
-    return f"gzip-zlib-{zlib.ZLIB_RUNTIME_VERSION}-level{GZIP_LEVEL}"
+def compression_id(compression: str = "gzip") -> str:
+    """What produced the compressed bytes (a descriptor field, and an image label)."""
+    if compression == "zstd":
+        import zstandard
+
+        return f"zstd-{'.'.join(map(str, zstandard.ZSTD_VERSION))}-level{ZSTD_LEVEL}"
+    if compression == "gzip":
+        return f"gzip-zlib-{zlib.ZLIB_RUNTIME_VERSION}-level{GZIP_LEVEL}"
+    return "none"
+
+
+def _compressor(compression: str):  # an object with compress(bytes) and flush(), or None
+    if compression == "zstd":
+        import zstandard
+
+        # Single-threaded, no content size or checksum in the frame: the bytes depend only on
+        # the input, the level and the library version.
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=0, write_checksum=False,
+                                        write_content_size=False).compressobj()
+    if compression == "gzip":
+        return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    return None
 
 
 def source_date_epoch(value: str | None = None) -> int:
@@ -192,37 +227,37 @@ class LayerContents:
                            tar_source=(tar_path, member)), origin)
         tf.close()
 
-    def add_wheel(self, wheel: Path, staging: Path) -> None:
-        """Install a wheel as Debian's python3 would see it, without running the image.
+def _install_wheel(wheel: Path, staging: Path) -> None:
+    """Install a wheel as Debian's python3 would see it, without running the image.
 
-        Uses the `installer` library (what pip uses inside), prefix /usr/local, purelib and
-        platlib = Debian's dist-packages, script shebangs = /usr/bin/python3. No byte-compiling:
-        marshal output can depend on the compiling interpreter (this build host's, not the
-        image's python3.11), which would leak the host into the layer; python3 writes its
-        __pycache__ on first import instead.
-        """
-        from installer import install
-        from installer.destinations import SchemeDictionaryDestination
-        from installer.sources import WheelFile
+    Uses the `installer` library (what pip uses inside), prefix /usr/local, purelib and
+    platlib = Debian's dist-packages, script shebangs = /usr/bin/python3. No byte-compiling:
+    marshal output can depend on the compiling interpreter (this build host's, not the
+    image's python3.11), which would leak the host into the layer; python3 writes its
+    __pycache__ on first import instead.
+    """
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
 
-        if not wheel.is_file() or wheel.suffix != ".whl":
-            raise UserError(f"--wheel {wheel}: not a .whl file; pass a wheel from the fetch cache")
-        scheme = {
-            "purelib": "/" + SITE_PACKAGES,
-            "platlib": "/" + SITE_PACKAGES,
-            "headers": "/usr/local/include/python3.11/" + wheel.name.split("-")[0],
-            "scripts": "/usr/local/bin",
-            "data": "/usr/local",
-        }
-        destination = SchemeDictionaryDestination(
-            scheme, interpreter=IMAGE_PYTHON, script_kind="posix",
-            bytecode_optimization_levels=(), destdir=str(staging))
-        try:
-            with WheelFile.open(wheel) as source:
-                install(source, destination, additional_metadata={"INSTALLER": b"kimi-k3-build\n"})
-        except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"--wheel {wheel}: cannot install ({e}); check the wheel is intact "
-                            "and not installed twice in this layer") from e
+    if not wheel.is_file() or wheel.suffix != ".whl":
+        raise UserError(f"--wheel {wheel}: not a .whl file; pass a wheel from the fetch cache")
+    scheme = {
+        "purelib": "/" + SITE_PACKAGES,
+        "platlib": "/" + SITE_PACKAGES,
+        "headers": "/usr/local/include/python3.11/" + wheel.name.split("-")[0],
+        "scripts": "/usr/local/bin",
+        "data": "/usr/local",
+    }
+    destination = SchemeDictionaryDestination(
+        scheme, interpreter=IMAGE_PYTHON, script_kind="posix",
+        bytecode_optimization_levels=(), destdir=str(staging))
+    try:
+        with WheelFile.open(wheel) as source:
+            install(source, destination, additional_metadata={"INSTALLER": b"kimi-k3-build\n"})
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--wheel {wheel}: cannot install ({e}); check the wheel is intact "
+                        "and not installed twice in this layer") from e
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -294,16 +329,16 @@ def _hardlinks_point_backwards(entries: dict[str, Entry]) -> dict[str, Entry]:
     return entries
 
 
-class _DigestingGzipSink:
+class _DigestingSink:
     """File-like sink: hashes the tar stream (diff_id), compresses it, hashes the blob."""
 
-    def __init__(self, out: BinaryIO, compress: bool) -> None:
+    def __init__(self, out: BinaryIO, compression: str) -> None:
         self.out = out
         self.diff_hash = hashlib.sha256()
         self.blob_hash = hashlib.sha256()
         self.blob_size = 0
         self.tar_size = 0
-        self.compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31) if compress else None
+        self.compressor = _compressor(compression)
 
     def _emit(self, data: bytes) -> None:
         if data:
@@ -329,6 +364,7 @@ class _DigestingGzipSink:
 class LayerDescriptor:
     name: str
     media_type: str
+    compression: str
     digest: str
     size: int
     diff_id: str
@@ -337,7 +373,34 @@ class LayerDescriptor:
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "mediaType": self.media_type, "digest": self.digest,
                 "size": self.size, "diff_id": self.diff_id, "tar_size": self.tar_size,
-                "compression": compression_id() if self.media_type == GZIP_MEDIA_TYPE else "none"}
+                "compression": self.compression}
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decompressed(blob: BinaryIO) -> BinaryIO:
+    """A reader of the tar inside a layer blob, whatever its encoding (zstd, gzip, none), told
+    by its magic bytes."""
+    import gzip
+
+    head = blob.read(4)
+    blob.seek(0)
+    if head == _ZSTD_MAGIC:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(blob)  # type: ignore[return-value]
+    if head[:2] == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=blob, mode="rb")  # type: ignore[return-value]
+    return blob
+
+
+@contextlib.contextmanager
+def open_layer_blob(path: Path) -> Iterator[tarfile.TarFile]:
+    """The layer blob at `path` as a stream tarfile (members in order; read each as you meet it)."""
+    with open(path, "rb") as raw, tarfile.open(fileobj=decompressed(raw), mode="r|") as tf:
+        yield tf
 
 
 def _tarinfo(entry: Entry, epoch: int) -> tarfile.TarInfo:
@@ -353,7 +416,7 @@ def _tarinfo(entry: Entry, epoch: int) -> tarfile.TarInfo:
     return info
 
 
-def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compress: bool = True,
+def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compression: str = "zstd",
                 progress: bool = True) -> LayerDescriptor:
     """Write the layer blob to `out` atomically and return its descriptor."""
     entries = with_parents(contents.entries)
@@ -361,7 +424,7 @@ def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compr
     open_tars: dict[Path, tarfile.TarFile] = {}
     try:
         with open(tmp, "wb") as raw:
-            sink = _DigestingGzipSink(raw, compress)
+            sink = _DigestingSink(raw, compression)
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
                               encoding="utf-8", errors="surrogateescape") as tf:
                 for i, entry in enumerate(entries):
@@ -377,7 +440,7 @@ def write_layer(contents: LayerContents, name: str, out: Path, epoch: int, compr
     finally:
         for t in open_tars.values():
             t.close()
-    return LayerDescriptor(name=name, media_type=GZIP_MEDIA_TYPE if compress else TAR_MEDIA_TYPE,
+    return LayerDescriptor(name=name, media_type=MEDIA_TYPES[compression], compression=compression_id(compression),
                            digest="sha256:" + sink.blob_hash.hexdigest(), size=sink.blob_size,
                            diff_id="sha256:" + sink.diff_hash.hexdigest(), tar_size=sink.tar_size)
 
@@ -472,21 +535,52 @@ def build_contents(trees: Iterable[str], site_trees: Iterable[str], wheels: Iter
         else:
             host = spec
         contents.add_file(image_path, Path(host), mode)
-    wheel_list = sorted(wheels, key=lambda w: Path(w).name)
-    if wheel_list:
-        for wheel in wheel_list:
-            contents_stage = staging / Path(wheel).name
-            contents_stage.mkdir(parents=True)
-            contents.add_wheel(Path(wheel), contents_stage)
-            contents.add_tree("", contents_stage)
+    if wheels:
+        installed = staging / "installed"
+        install_wheels([Path(w) for w in wheels], installed)
+        contents.add_tree("", installed)
     return contents
+
+
+def install_wheels(wheels: Sequence[Path], out: Path) -> None:
+    """Install wheels into one tree rooted at the image's / (what a layer of them holds), and
+    refuse a file two wheels both install. The tree is what the layer is written from, and what
+    the launch-profile check mounts as the image's root (tools/image/smoke.py rootfs plans)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out-tree {out}: exists and is not an empty directory; pass a new path")
+    with dir_replaced_atomically(out, "--out-tree") as tree:
+        stages = temp_dir_sibling(out)
+        try:
+            owner: dict[str, str] = {}
+            for i, wheel in enumerate(sorted(wheels, key=lambda w: w.name)):
+                stage = stages / f"{i}-{wheel.name}"
+                stage.mkdir()
+                _install_wheel(wheel, stage)
+                # Moved file by file into the merged tree (one filesystem: renames, no copies).
+                for host_path in sorted(_walk(stage), key=lambda p: p.relative_to(stage).as_posix()):
+                    rel = host_path.relative_to(stage).as_posix()
+                    target = tree / rel
+                    if host_path.is_dir() and not host_path.is_symlink():
+                        target.mkdir(exist_ok=True)
+                        continue
+                    if rel in owner or target.exists() or target.is_symlink():
+                        raise UserError(f"--wheel {wheel}: {rel!r} is already installed by "
+                                        f"{owner.get(rel, 'another input')}; give each file one source "
+                                        "(split the wheels into separate layers)")
+                    owner[rel] = wheel.name
+                    os.rename(host_path, target)
+        finally:
+            shutil.rmtree(stages, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--name", required=True, help="layer name (recorded in the descriptor)")
-    p.add_argument("--out", required=True, type=Path, help="layer blob to write")
-    p.add_argument("--descriptor", required=True, type=Path, help="descriptor JSON to write")
+    p.add_argument("--name", help="layer name (recorded in the descriptor)")
+    p.add_argument("--out", type=Path, help="layer blob to write")
+    p.add_argument("--descriptor", type=Path, help="descriptor JSON to write")
+    p.add_argument("--out-tree", type=Path, metavar="DIR",
+                   help="instead of a blob: install the --wheel/--wheel-dir wheels into DIR (the "
+                        "layer's tree, rooted at the image's /) and write nothing else")
     p.add_argument("--tree", action="append", default=[], metavar="IMAGE_DIR=HOST_DIR")
     p.add_argument("--site-tree", action="append", default=[], metavar="HOST_DIR",
                    help=f"a tree placed under /{SITE_PACKAGES} (patched packages, kernel cache)")
@@ -494,11 +588,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--wheel-dir", action="append", default=[], metavar="DIR", help="every .whl in DIR")
     p.add_argument("--file", action="append", default=[], metavar="IMAGE_PATH=HOST_FILE[:MODE]")
     p.add_argument("--tar", action="append", default=[], metavar="ROOTFS_TAR")
-    p.add_argument("--compression", choices=["gzip", "none"], default="gzip")
+    p.add_argument("--compression", choices=sorted(MEDIA_TYPES), default="zstd",
+                   help="the blob's encoding (default zstd; gzip for runtimes older than containerd 1.5 / Docker 23)")
     p.add_argument("--kernel-cache-arch", metavar="ARCH",
                    help="refuse a --tree/--site-tree kernel cache whose kernel_cache.json is for another arch")
     p.add_argument("--source-date-epoch", default=None, help="default: $SOURCE_DATE_EPOCH")
     args = p.parse_args(argv)
+    if args.out_tree is not None:
+        others = [f for f, v in (("--out", args.out), ("--descriptor", args.descriptor), ("--tree", args.tree),
+                                 ("--site-tree", args.site_tree), ("--file", args.file), ("--tar", args.tar)) if v]
+        if others:
+            raise UserError(f"--out-tree installs wheels only: drop {', '.join(others)} (the blob is written "
+                            "from the tree with --tree =DIR)")
+        wheels = [Path(w) for w in [*args.wheel, *wheels_in_dirs(args.wheel_dir)]]
+        if not wheels:
+            raise UserError("--out-tree: no --wheel/--wheel-dir to install; pass the layer's wheels")
+        install_wheels(wheels, args.out_tree)
+        print(f"installed {len(wheels)} wheels into {args.out_tree}", file=sys.stderr)
+        return 0
+    missing = [f for f, v in (("--name", args.name), ("--out", args.out), ("--descriptor", args.descriptor)) if not v]
+    if missing:
+        raise UserError(f"{', '.join(missing)}: required to write a layer blob (or pass --out-tree to install wheels)")
     epoch = source_date_epoch(args.source_date_epoch)
     if args.kernel_cache_arch is not None:
         if not (args.tree or args.site_tree):
@@ -513,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         contents = build_contents(args.tree, args.site_tree, wheels, args.file, args.tar, Path(staging))
         if not contents.entries:
             raise UserError(f"--name {args.name}: the layer has no inputs; pass --tree/--wheel/--file/--tar")
-        desc = write_layer(contents, args.name, args.out, epoch, compress=args.compression == "gzip")
+        desc = write_layer(contents, args.name, args.out, epoch, compression=args.compression)
     write_descriptor(desc, args.descriptor)
     print(f"layer {desc.name}: {desc.digest} {desc.size} bytes (tar {desc.tar_size} bytes, "
           f"{len(contents.entries)} entries)", file=sys.stderr)

@@ -29,14 +29,13 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
-from tools.image.layer import compression_id, source_date_epoch
+from tools.image.layer import MEDIA_TYPES, source_date_epoch
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_MEDIA_TYPES = {
-    "application/vnd.oci.image.layer.v1.tar+gzip",
-    "application/vnd.oci.image.layer.v1.tar",
+    *MEDIA_TYPES.values(),
     "application/vnd.docker.image.rootfs.diff.tar.gzip",  # a docker base converted by skopeo
 }
 DEFAULT_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
@@ -53,6 +52,7 @@ class Layer:
     size: int
     diff_id: str
     blob: Path
+    compression: str = ""  # what layer.py compressed it with; "" for a pulled base's layers
 
     def descriptor(self) -> dict[str, Any]:
         return {"mediaType": self.media_type, "digest": self.digest, "size": self.size,
@@ -88,7 +88,7 @@ def read_layer_descriptor(desc_path: Path, blob: Path) -> Layer:
         desc = json.loads(desc_path.read_text())
         layer = Layer(name=str(desc["name"]), media_type=str(desc["mediaType"]),
                       digest=str(desc["digest"]), size=int(desc["size"]),
-                      diff_id=str(desc["diff_id"]), blob=blob)
+                      diff_id=str(desc["diff_id"]), blob=blob, compression=str(desc.get("compression", "")))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"--layer {desc_path}: not a layer descriptor from tools/image/layer.py ({e}); "
                         "rebuild the layer") from e
@@ -164,13 +164,18 @@ def _parse_pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def config_env(env: Sequence[str], base_env: Sequence[str] | None = None) -> list[str]:
+    """The image config's Env: the base image's (or DEFAULT_ENV), then `env` (KEY=VALUE) over it."""
+    merged = dict(e.split("=", 1) for e in (base_env or DEFAULT_ENV))
+    merged.update(dict(e.split("=", 1) for e in env))
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
 def image_config(layers: Sequence[Layer], epoch: int, env: Sequence[str], entrypoint: Sequence[str],
                  cmd: Sequence[str], labels: dict[str, str], base_config: dict[str, Any] | None) -> dict[str, Any]:
     created = rfc3339(epoch)
     base_cfg = (base_config or {}).get("config", {}) or {}
-    merged_env = dict(e.split("=", 1) for e in (base_cfg.get("Env") or DEFAULT_ENV))
-    merged_env.update(dict(e.split("=", 1) for e in env))
-    config: dict[str, Any] = {"Env": [f"{k}={v}" for k, v in merged_env.items()],
+    config: dict[str, Any] = {"Env": config_env(env, base_cfg.get("Env")),
                               "Labels": dict(sorted({**(base_cfg.get("Labels") or {}), **labels}.items())),
                               "WorkingDir": "/"}
     if entrypoint:
@@ -215,7 +220,7 @@ def build_image(out: Path, layers: Sequence[Layer], epoch: int, *, env: Sequence
         raise UserError("--layer: an image needs at least one layer")
     all_labels = dict(labels or {})
     all_labels[LABEL_PREFIX + "base-digest"] = base_digest or layers[0].diff_id
-    all_labels[LABEL_PREFIX + "layer-compression"] = compression_id()
+    all_labels[LABEL_PREFIX + "layer-compression"] = ",".join(sorted({l.compression for l in layers if l.compression}))
     all_labels["org.opencontainers.image.created"] = rfc3339(epoch)
     config = image_config(layers, epoch, env, entrypoint, cmd, all_labels, base_config)
     config_bytes = canonical_json(config)

@@ -533,7 +533,7 @@ def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, 
     """([(layer name, digest, size)], {kernel module: sha256}) of a layout: what a user compares
     with another machine's build (docs/DIGESTS.md) to find the layer, and inside the kernel-cache
     layer the module, whose bytes differ."""
-    import tarfile
+    from tools.image.layer import open_layer_blob
     _, manifest_bytes = read_index_manifest(layout)
     layers = [(l.get("annotations", {}).get(LAYER_ANNOTATION, "?"), l["digest"], int(l["size"]))
               for l in json.loads(manifest_bytes)["layers"]]
@@ -541,7 +541,7 @@ def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, 
     for name, digest, _ in layers:
         if name != "kernel_cache":
             continue
-        with tarfile.open(blob_path(layout, digest)) as tar:
+        with open_layer_blob(blob_path(layout, digest)) as tar:
             for member in tar:
                 if member.isfile() and member.name.lstrip("./").endswith(_KERNEL_CACHE_JSON):
                     data = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import zstandard
 from tests.cpu.conftest import artifact
 
 from tools.common.errors import UserError
@@ -87,8 +88,15 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+def layer_tar(blob: Path) -> tarfile.TarFile:
+    """The tar inside a layer blob (any encoding), for random access."""
+    with open(blob, "rb") as raw:
+        return tarfile.open(fileobj=io.BytesIO(oci_layer.decompressed(raw).read()))
+
+
 def build_layer(out_dir: Path, name: str, **sources: list[str]) -> tuple[Path, Path]:
-    blob, desc = out_dir / f"{name}.tar.gz", out_dir / f"{name}.json"
+    suffix = {"gzip": ".tar.gz", "none": ".tar"}.get((sources.get("compression") or ["zstd"])[0], ".tar.zst")
+    blob, desc = out_dir / f"{name}{suffix}", out_dir / f"{name}.json"
     argv = ["--name", name, "--out", str(blob), "--descriptor", str(desc)]
     for flag, values in sources.items():
         for v in values:
@@ -182,10 +190,18 @@ def test_layer_bytes_do_not_depend_on_host_metadata(tmp_path: Path) -> None:
     desc = json.loads(da.read_text())
     assert desc["digest"] == "sha256:" + hashlib.sha256(ba.read_bytes()).hexdigest()
     raw = ba.read_bytes()
-    assert raw[:3] == b"\x1f\x8b\x08" and raw[3] & 0x08 == 0, "gzip header must carry no file name"
-    assert raw[4:8] == b"\0\0\0\0", "gzip header mtime must be 0"
-    tar_bytes = gzip.decompress(raw)
+    # zstd (the default): one frame, no content size or checksum flag (the bytes depend only on
+    # the input, level and library), decompressing to the tar of the diff_id.
+    assert raw[:4] == b"\x28\xb5\x2f\xfd" and desc["mediaType"].endswith("tar+zstd")
+    assert desc["compression"] == f"zstd-{'.'.join(map(str, zstandard.ZSTD_VERSION))}-level3"
+    tar_bytes = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
     assert desc["diff_id"] == "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+    # gzip (--//image:layer_compression=gzip): the same tar; the header carries no name or time.
+    dg, bg = build_layer(tmp_path / "out-g", "t", tree=[f"opt/x={a}"], compression=["gzip"])
+    gz = bg.read_bytes()
+    assert gz[:3] == b"\x1f\x8b\x08" and gz[3] & 0x08 == 0, "gzip header must carry no file name"
+    assert gz[4:8] == b"\0\0\0\0", "gzip header mtime must be 0"
+    assert gzip.decompress(gz) == tar_bytes and json.loads(dg.read_text())["diff_id"] == desc["diff_id"]
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tf:
         members = tf.getmembers()
     names = [m.name for m in members]
@@ -212,7 +228,7 @@ def test_base_tar_keeps_owners_special_bits_and_orders_hardlinks(tmp_path: Path)
         add("./etc/shadow", tarfile.REGTYPE, 0o640, gid=42, data=b"root:*:\n")
         add("./dev/null", tarfile.CHRTYPE, 0o666)
     _, blob = build_layer(tmp_path / "out", "base", tar=[str(src)])
-    with tarfile.open(blob) as tf:
+    with layer_tar(blob) as tf:
         m = {x.name: x for x in tf.getmembers()}
         assert m["tmp"].mode == 0o1777
         assert m["etc/shadow"].gid == 42 and m["etc/shadow"].mode == 0o640 and m["etc/shadow"].gname == ""
@@ -247,14 +263,18 @@ def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
     d1, b1 = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
     d2, b2 = build_layer(tmp_path / "o2", "w", wheel=[str(wheel)])
     assert b1.read_bytes() == b2.read_bytes()
-    with tarfile.open(b1) as tf:
-        names = tf.getnames()
-        script = tf.extractfile("usr/local/bin/tinywheel").read()
+    with oci_layer.open_layer_blob(b1) as tf:
+        names, script = [], b""
+        for m in tf:
+            names.append(m.name)
+            if m.name == "usr/local/bin/tinywheel":
+                script = tf.extractfile(m).read()
     assert f"{SITE}/tinywheel/__init__.py" in names
     assert f"{SITE}/tinywheel-1.0.dist-info/INSTALLER" in names
     assert not [n for n in names if n.endswith(".pyc")], "no host byte-code in layers"
     assert script.startswith(b"#!/usr/bin/python3\n")
-    assert str(tmp_path).encode() not in gzip.decompress(b1.read_bytes()), "no build path leaks into the layer"
+    with open(b1, "rb") as raw:
+        assert str(tmp_path).encode() not in oci_layer.decompressed(raw).read(), "no build path leaks into the layer"
 
 
 def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
@@ -268,6 +288,30 @@ def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no .whl file"):
         build_layer(tmp_path / "o3", "w", wheel_dir=[str(tmp_path / "empty")])
+
+
+def test_layer_from_the_installed_tree_equals_the_wheel_layer(tmp_path: Path) -> None:
+    # The Bazel rule installs a layer's wheels in one action (the tree the profile check mounts)
+    # and writes the blob from that tree in another: the blob must be the one-step layer's.
+    wheel = make_wheel(tmp_path / "tinywheel-1.0-py3-none-any.whl")
+    (tmp_path / "x").mkdir()
+    other = make_wheel(tmp_path / "x" / "tinywheel-1.0-py3-none-any.whl")
+    d1, _ = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
+    tree = tmp_path / "installed"
+    tree.mkdir()  # Bazel declares a tree output as an empty directory
+    assert oci_layer.main(["--out-tree", str(tree), "--wheel", str(wheel)]) == 0
+    assert (tree / SITE / "tinywheel" / "__init__.py").is_file() and (tree / "usr/local/bin/tinywheel").is_file()
+    d2, _ = build_layer(tmp_path / "o2", "w", tree=[f"={tree}"])
+    assert json.loads(d1.read_text())["digest"] == json.loads(d2.read_text())["digest"]
+    # Two wheels installing one file: one line naming the file and both sources, nothing left.
+    clash = tmp_path / "clash"
+    with pytest.raises(UserError, match=r"'usr/local/bin/tinywheel' is already installed by tinywheel-1.0-py3-none-any.whl"):
+        oci_layer.main(["--out-tree", str(clash), "--wheel", str(wheel), "--wheel", str(other)])
+    assert not clash.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    with pytest.raises(UserError, match="not an empty directory"):
+        oci_layer.main(["--out-tree", str(tree), "--wheel", str(wheel)])
+    with pytest.raises(UserError, match="installs wheels only: drop --file"):
+        oci_layer.main(["--out-tree", str(tmp_path / "t2"), "--wheel", str(wheel), "--file", f"/x={ENTRYPOINT}"])
 
 
 def test_real_flashinfer_wheel_layer_is_reproducible(tmp_path: Path) -> None:
@@ -660,6 +704,61 @@ def test_chroot_smoke_on_tiny_image(tmp_path: Path, host_rootfs: Path) -> None:
     report = image_smoke.smoke(layout, tmp_path, ["tinysg", "not_in_image"], [bad], [], [f"/{SITE}/tinyfi"], [])
     assert len(report.failures) == 3, report.failures  # wrong hash, forbidden path present, failed import
     assert not list(tmp_path.glob("smoke.*")), "the unpacked rootfs is removed"
+
+
+_MOUNT_PLAN = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+from tools.image import smoke
+plan, work, base = map(Path, sys.argv[1:4])
+with smoke.mounted_rootfs_plan(plan, work, runfiles=base) as (root, env):
+    run = smoke.run_in_chroot(root, ["/usr/bin/python3", "-c",
+        "import os, tinysg; print(tinysg.PATCHED, oct(os.stat('/usr/local/bin/kimi-k3-entrypoint').st_mode & 0o777))"],
+        env, network=False)
+    (root / "tmp" / "written").write_text("upper")
+    print(json.dumps({"env": env, "out": run.stdout.strip(), "err": run.stderr[-500:],
+                      "base_file": (root / "etc" / "from-base").read_text()}))
+"""
+
+
+def test_rootfs_plan_mounts_the_layers_parts_without_blobs(tmp_path: Path, host_rootfs: Path) -> None:
+    """oci_rootfs's plan (what :profiles_check mounts): the base tar extracted, a wheel layer's
+    installed tree as a lower directory as it is, files with their modes, the image's env over the
+    defaults; writes go to `work`, and the overlay never shows in this test's own namespace."""
+    if os.geteuid() != 0:
+        pytest.fail("the rootfs plan is mounted with an overlay: it needs root (CI runs tests as root)")
+    base = tmp_path / "runfiles"
+    write_tree(host_rootfs, {"etc/from-base": "base\n"})
+    base_tar = base / "_main" / "base.tar"
+    base_tar.parent.mkdir(parents=True)
+    subprocess.run(["tar", "-c", "--numeric-owner", "-f", str(base_tar), "-C", str(host_rootfs), "."], check=True)
+    installed = write_tree(base / "_main" / "sg.installed", {f"{SITE}/tinysg/__init__.py": "PATCHED = 7\n"})
+    installed.chmod(0o555)  # Bazel's outputs are read-only
+    ep = base / "_main" / "entrypoint.py"
+    ep.write_text("#!/usr/bin/python3\n")
+    plan = tmp_path / "plan.rootfs.json"
+    plan.write_text(json.dumps({"schema": "kimi-k3-rootfs-plan/1", "env": ["LD_LIBRARY_PATH=/x"], "layers": [
+        {"name": "base", "tars": ["_main/base.tar"], "installed": None, "trees": [], "site_trees": [], "files": []},
+        {"name": "sglang", "tars": [], "installed": "_main/sg.installed", "trees": [], "site_trees": [], "files": []},
+        {"name": "entrypoint", "tars": [], "installed": None, "trees": [], "site_trees": [],
+         "files": [["/usr/local/bin/kimi-k3-entrypoint:755", "_main/entrypoint.py"]]}]}))
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, "-c", _MOUNT_PLAN, str(plan), str(work), str(base)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["out"] == "7 0o755", seen["err"]
+    assert seen["base_file"] == "base\n"
+    assert seen["env"][0].startswith("PATH=") and "LD_LIBRARY_PATH=/x" in seen["env"]
+    assert (work / "upper" / "tmp" / "written").read_text() == "upper", "writes land in work"
+    assert not (installed / "tmp").exists(), "the layer's own tree is never written"
+    mounts = subprocess.run(["findmnt", "-n", "-o", "TARGET", "-t", "overlay"], capture_output=True, text=True).stdout
+    assert str(work) not in mounts, "the overlay lived in the child's own mount namespace"
+    with pytest.raises(UserError, match="not a kimi-k3-rootfs-plan/1 file"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{}")
+        with image_smoke.mounted_rootfs_plan(bad, tmp_path / "w2", runfiles=base):
+            pass
 
 
 def test_smoke_driver_stub_stands_in_for_libcuda(tmp_path: Path, host_rootfs: Path) -> None:

@@ -10,6 +10,7 @@ KIMI_SBOM_IMAGE_PATH, KIMI_IMAGE_CUDA_ARCH. An unset variable fails the test.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -29,14 +30,14 @@ SITE = "usr/local/lib/python3.11/dist-packages"
 def layer_blob(var: str) -> Path:
     """The blob of a layer target: $var is its $(rootpaths), the blob and its descriptor."""
     paths = str(env_path(var)).split()
-    blobs = [p for p in paths if p.endswith(".tar.gz")]
+    blobs = [p for p in paths if p.endswith((".tar.zst", ".tar.gz"))]
     if len(blobs) != 1:
-        pytest.fail(f"{var}={' '.join(paths)}: expected one .tar.gz layer blob among the layer target's files")
+        pytest.fail(f"{var}={' '.join(paths)}: expected one layer blob (.tar.zst or .tar.gz) among the layer target's files")
     return Path(blobs[0])
 
 
 def layer_members(var: str) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
-    with tarfile.open(layer_blob(var), "r:gz") as tf:
+    with open(layer_blob(var), "rb") as raw, tarfile.open(fileobj=io.BytesIO(oci_layer.decompressed(raw).read())) as tf:
         return {m.name: (m, tf.extractfile(m).read() if m.isfile() else None) for m in tf.getmembers()}
 
 
@@ -115,7 +116,7 @@ def test_layer_descriptors_name_their_blobs() -> None:
     # The descriptor's digest is the blob's sha256: what the manifest will reference.
     for var in ("KIMI_LAYER_ENTRYPOINT", "KIMI_LAYER_KERNEL_CACHE", "KIMI_LAYER_SBOM"):
         blob = layer_blob(var)
-        desc = json.loads(blob.with_name(blob.name.replace(".tar.gz", ".layer.json")).read_text())
+        desc = json.loads(blob.with_name(blob.name.rsplit(".tar.", 1)[0] + ".layer.json").read_text())
         assert desc["digest"] == "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest()
 
 
@@ -154,9 +155,11 @@ def test_small_layers_rebuild_byte_identical_from_their_inputs(tmp_path: Path, l
             path, _, mode = image_path.partition(":")
             file_args += ["--file", f"{path}={src}" + (f":{mode}" if mode else "")]
         out = work / "out"
-        assert oci_layer.main(["--name", name, "--out", str(out / "l.tar.gz"), "--descriptor", str(out / "l.json"),
-                               *file_args, "--source-date-epoch", env_value("KIMI_SOURCE_DATE_EPOCH")]) == 0
-        rebuilt = (out / "l.tar.gz").read_bytes()
+        compression = "gzip" if layer_blob(layer_var).name.endswith(".tar.gz") else "zstd"
+        assert oci_layer.main(["--name", name, "--out", str(out / "l.blob"), "--descriptor", str(out / "l.json"),
+                               *file_args, "--source-date-epoch", env_value("KIMI_SOURCE_DATE_EPOCH"),
+                               "--compression", compression]) == 0
+        rebuilt = (out / "l.blob").read_bytes()
         if rebuilt != bazel_blob:  # no pytest diff of two blobs: it takes minutes
             at = next((j for j, (a, b) in enumerate(zip(rebuilt, bazel_blob)) if a != b), min(len(rebuilt), len(bazel_blob)))
             pytest.fail(f"rebuild {i} of layer {name} differs from Bazel's blob at byte {at} "

@@ -1,11 +1,12 @@
 """The launch profiles against a real image: its SGLang, its entrypoint, its profiles (tag cpu).
 
 Bazel passes (tests/cpu/image/BUILD.bazel, :profiles_check and :profiles_check_pypi):
-KIMI_PROFILES_IMAGE (the OCI layout //image:image_without_kernel_cache of the stack),
+KIMI_PROFILES_IMAGE (//image:rootfs_without_kernel_cache of the stack: a plan of the trees and
+files the image's layers, without the kernel-cache layer, are written from),
 KIMI_PROFILES_PLAN (the checked-in plan of that image's kernel cache, //kernel_cache:selected_plan)
-and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the patch gate). The layout is
-unpacked once (umoci, as the smoke test does); every check then runs the image's python3 in a
-chroot without network (tools/image/smoke.py check_launch_profiles). Needs root.
+and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the patch gate). The plan is
+mounted once as an overlay (tools/image/smoke.py mounted_rootfs_plan); every check then runs the
+image's python3 in a chroot without network (check_launch_profiles). Needs root.
 """
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ def single(var: str) -> Path:
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
     if os.geteuid() != 0:
         pytest.fail("the profile check runs the image in a chroot: it needs root (CI runs tests as root)")
-    layout = single("KIMI_PROFILES_IMAGE")
-    bundle = tmp_path_factory.mktemp("image") / "bundle"
-    rootfs = smoke.unpack(layout, bundle)
-    yield rootfs, smoke.image_env(layout)
-    # A multi-GB tree of many small files: rm is much faster than shutil.rmtree here.
-    subprocess.run(["rm", "-rf", "--one-file-system", str(bundle)], check=False)
+    work = tmp_path_factory.mktemp("image")
+    # The layers' own trees under an overlay (nothing compressed, unpacked or copied but the
+    # base tar and the small files); writes land in `work`, the mount dies with this process.
+    with smoke.mounted_rootfs_plan(single("KIMI_PROFILES_IMAGE"), work) as (rootfs, env):
+        yield rootfs, env
+    subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
 
 
 def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Path | None = None

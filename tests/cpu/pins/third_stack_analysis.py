@@ -99,8 +99,8 @@ def _actions(aquery_text: str) -> dict[tuple[str, str], str]:
 def test_the_image_layers_and_sbom_follow_the_third_stack(third: tuple[Path, Path]) -> None:
     out = _bazel(*third, "aquery", "//image:layer_flashinfer + //image:layer_sglang + //image:sbom", "--output=text")
     actions = _actions(out)
-    flashinfer = actions[("//image:layer_flashinfer", "OciLayer")]
-    sglang = actions[("//image:layer_sglang", "OciLayer")]
+    flashinfer = actions[("//image:layer_flashinfer", "OciLayerInstall")]  # the wheels are installed apart
+    sglang = actions[("//image:layer_sglang", "OciLayerInstall")]
     (sbom,) = [text for (target, _), text in actions.items() if target == "//image:sbom"]
     # FlashInfer: third's series applies nothing, so the pinned wheel goes in as is (as on pypi).
     assert re.search(r"--wheel \\\n\s+\S+/flashinfer_python-\S+\.whl", flashinfer) and "--wheel-dir" not in flashinfer, flashinfer

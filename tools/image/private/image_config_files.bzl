@@ -25,7 +25,10 @@ _image_config = transition(
 
 def _image_config_files_impl(ctx):
     files = depset(transitive = [src[DefaultInfo].files for src in ctx.attr.srcs])
-    return [DefaultInfo(files = files, runfiles = ctx.runfiles(transitive_files = files))]
+    runfiles = ctx.runfiles(transitive_files = files).merge_all(
+        [src[DefaultInfo].default_runfiles for src in ctx.attr.srcs],
+    )
+    return [DefaultInfo(files = files, runfiles = runfiles)]
 
 image_config_files = rule(
     implementation = _image_config_files_impl,

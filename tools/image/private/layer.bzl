@@ -5,6 +5,14 @@ entrypoint_layer: the image's entrypoint and launch profiles, checked first
 load(":common.bzl", "PY_TOOLCHAIN", "run_tool", "tool_attr")
 load(":providers.bzl", "LayerInfo")
 
+_BLOB_SUFFIX = {"zstd": ".tar.zst", "gzip": ".tar.gz"}
+
+_COMPRESSION = attr.string(
+    mandatory = True,
+    values = ["zstd", "gzip"],
+    doc = "the blob's encoding (tools/image/layer.py --compression; the image's BUILD takes it from a flag)",
+)
+
 def _image_file_spec(image_path_and_mode, file):
     """`IMAGE_PATH[:MODE]` (the dict value in BUILD) -> tools/image/layer.py's --file value."""
     image_path, _, mode = image_path_and_mode.partition(":")
@@ -17,23 +25,32 @@ def _single_file(target, what):
     return files[0]
 
 def _oci_layer_impl(ctx):
-    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    blob = ctx.actions.declare_file(ctx.label.name + _BLOB_SUFFIX[ctx.attr.compression])
     descriptor = ctx.actions.declare_file(ctx.label.name + ".layer.json")
     args = ctx.actions.args()
     args.add("--name", ctx.attr.layer_name or ctx.label.name.removeprefix("layer_"))
     args.add("--out", blob)
     args.add("--descriptor", descriptor)
     args.add("--source-date-epoch", ctx.attr.source_date_epoch)
+    args.add("--compression", ctx.attr.compression)
     inputs = []
     for f in ctx.files.tars:
         args.add("--tar", f)
         inputs.append(f)
-    for f in ctx.files.wheels:
-        args.add("--wheel", f)
-        inputs.append(f)
-    for f in ctx.files.wheel_dirs:
-        args.add("--wheel-dir", f.path)
-        inputs.append(f)
+    installed = None
+    if ctx.files.wheels or ctx.files.wheel_dirs:
+        # Wheels are installed by their own action into a tree (the layer's files as the image
+        # sees them), which the blob is written from and the launch-profile check mounts as the
+        # image's root (oci_rootfs): the check needs no compressed blob.
+        installed = ctx.actions.declare_directory(ctx.label.name + ".installed")
+        install_args = ctx.actions.args()
+        install_args.add("--out-tree", installed.path)
+        install_args.add_all(ctx.files.wheels, before_each = "--wheel")
+        install_args.add_all([f.path for f in ctx.files.wheel_dirs], before_each = "--wheel-dir")
+        run_tool(ctx, "image.layer", install_args, ctx.files.wheels + ctx.files.wheel_dirs, [installed],
+                 "OciLayerInstall", "Installing the wheels of image layer %{label}")
+        args.add("--tree", "=" + installed.path)
+        inputs.append(installed)
     for f in ctx.files.site_trees:
         args.add("--site-tree", f.path)
         inputs.append(f)
@@ -50,7 +67,16 @@ def _oci_layer_impl(ctx):
     run_tool(ctx, "image.layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
     return [
         DefaultInfo(files = depset([blob, descriptor])),
-        LayerInfo(blob = blob, descriptor = descriptor),
+        LayerInfo(
+            blob = blob,
+            descriptor = descriptor,
+            name = ctx.attr.layer_name or ctx.label.name.removeprefix("layer_"),
+            tars = ctx.files.tars,
+            installed = installed,
+            trees = [(image_dir, _single_file(t, "trees")) for t, image_dir in ctx.attr.trees.items()],
+            site_trees = ctx.files.site_trees,
+            files = [(image_path, _single_file(t, "files")) for t, image_path in ctx.attr.files.items()],
+        ),
     ]
 
 oci_layer = rule(
@@ -66,12 +92,13 @@ oci_layer = rule(
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
         "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
         "source_date_epoch": attr.string(mandatory = True),
+        "compression": _COMPRESSION,
     },
     toolchains = PY_TOOLCHAIN,
 )
 
 def _entrypoint_layer_impl(ctx):
-    blob = ctx.actions.declare_file(ctx.label.name + ".tar.gz")
+    blob = ctx.actions.declare_file(ctx.label.name + _BLOB_SUFFIX[ctx.attr.compression])
     descriptor = ctx.actions.declare_file(ctx.label.name + ".layer.json")
     args = ctx.actions.args()
     args.add("--entrypoint", ctx.file.entrypoint)
@@ -86,12 +113,23 @@ def _entrypoint_layer_impl(ctx):
     args.add("--out", blob)
     args.add("--descriptor", descriptor)
     args.add("--source-date-epoch", ctx.attr.source_date_epoch)
+    args.add("--compression", ctx.attr.compression)
     inputs = [ctx.file.entrypoint, ctx.file.needs, ctx.file.selections, ctx.file.lock] + ctx.files.profiles
     run_tool(ctx, "image.entrypoint_layer", args, inputs, [blob, descriptor], "OciLayer",
              "Checking the launch profiles and writing image layer %{label}")
     return [
         DefaultInfo(files = depset([blob, descriptor])),
-        LayerInfo(blob = blob, descriptor = descriptor),
+        LayerInfo(
+            blob = blob,
+            descriptor = descriptor,
+            name = ctx.attr.layer_name or ctx.label.name.removeprefix("layer_"),
+            tars = [],
+            installed = None,
+            trees = [],
+            site_trees = [],
+            files = [(ctx.attr.entrypoint_image_path + ":755", ctx.file.entrypoint)] +
+                    [(ctx.attr.profiles_image_dir + "/" + f.basename, f) for f in ctx.files.profiles],
+        ),
     ]
 
 entrypoint_layer = rule(
@@ -108,6 +146,7 @@ entrypoint_layer = rule(
         "selections": attr.label(allow_single_file = True, mandatory = True, doc = "kernel_cache/selections.json"),
         "lock": attr.label(allow_single_file = True, mandatory = True, doc = "the pins lock (each stack's Mooncake)"),
         "source_date_epoch": attr.string(mandatory = True),
+        "compression": _COMPRESSION,
     },
     toolchains = PY_TOOLCHAIN,
 )
