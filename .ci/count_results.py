@@ -9,10 +9,70 @@ before pytest started) counts as one failure, so nothing is lost.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+# Bazel's timeout of each test size (seconds), unless the target sets `timeout`.
+SIZE_TIMEOUT = {"small": 60, "medium": 300, "large": 900, "enormous": 3600}
+TIMEOUT_SECONDS = {"short": 60, "moderate": 300, "long": 900, "eternal": 3600}
+# A test may use at most this share of its limit: the rest is room for a machine twice as
+# loaded (a build beside the tests, a slower CI runner) before the limit kills it.
+LIMIT_SHARE = 0.5
+# `//pkg:name   PASSED in 12.3s` (or `(cached) PASSED`, FAILED, TIMEOUT ...) in Bazel's summary.
+SUMMARY_LINE = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?[A-Z ]+? in (\d+(?:\.\d+)?)s$")
+
+
+def test_limits(targets: list[str]) -> dict[str, tuple[int, str]]:
+    """target -> (its timeout in seconds, 'size S' or 'timeout T'), from the BUILD attributes."""
+    if not targets:
+        return {}
+    q = subprocess.run(["tools/bazel", "query", "--output=xml", "set(%s)" % " ".join(targets)],
+                       capture_output=True, text=True)
+    return limits_of_query_xml(q.stdout)
+
+
+def limits_of_query_xml(text: str) -> dict[str, tuple[int, str]]:
+    limits = {}
+    for rule in ET.fromstring(text or "<query/>").iter("rule"):
+        attrs = {a.get("name"): a.get("value") for a in rule if a.get("name") in ("size", "timeout")}
+        size = attrs.get("size") or "medium"
+        if attrs.get("timeout") in TIMEOUT_SECONDS:
+            limits[rule.get("name")] = (TIMEOUT_SECONDS[attrs["timeout"]], f"timeout {attrs['timeout']}")
+        else:
+            limits[rule.get("name")] = (SIZE_TIMEOUT.get(size, 300), f"size {size}")
+    return limits
+
+
+def durations(log: Path) -> dict[str, float]:
+    """target -> seconds, from the test summary of Bazel's output (cached results keep their time)."""
+    found = {}
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        m = SUMMARY_LINE.match(line.strip())
+        if m:
+            found[m.group(1)] = float(m.group(2))
+    return found
+
+
+def slow_tests(targets: list[str], times: dict[str, float], limits: dict[str, tuple[int, str]]) -> list[str]:
+    """One line per target without a time, or over LIMIT_SHARE of its limit."""
+    problems = []
+    for t in targets:
+        if t not in times:
+            problems.append(f"{t}: no time in Bazel's test summary")
+        elif t not in limits:
+            problems.append(f"{t}: no size or timeout found by bazel query")
+        elif times[t] > LIMIT_SHARE * limits[t][0]:
+            seconds, what = limits[t]
+            problems.append(f"{t}: took {times[t]:.1f} s, over {LIMIT_SHARE:.0%} of its {seconds} s limit ({what}); "
+                            "give it the next size up in its BUILD file, or make it cheaper")
+    return problems
 
 
 def main() -> int:
@@ -21,6 +81,8 @@ def main() -> int:
     ap.add_argument("--elapsed", type=int, default=0)
     ap.add_argument("--pattern", action="append", required=True,
                     help="a target pattern of the test command (repeat for each)")
+    ap.add_argument("--bazel-log", type=Path,
+                    help="Bazel's output of the test command: each test's time is checked against its limit")
     args = ap.parse_args()
     # Exactly the targets `bazel test PATTERN...` runs: a wildcard skips `manual` targets (a target
     # named explicitly runs all the same), and .bazelrc's --test_tag_filters=-gpu drops GPU tests
@@ -57,6 +119,13 @@ def main() -> int:
         passed += t_total - t_fail - t_skip
         failed += t_fail
         skipped += t_skip
+    if args.bazel_log is not None:
+        # Near its limit, a test passes on an idle machine and times out beside a build: that is
+        # a failure now, not a flake later. Fix it by giving the target the size its time needs
+        # (or making the test cheaper), never by raising this share.
+        for problem in slow_tests(targets, durations(args.bazel_log), test_limits(targets)):
+            print(problem)
+            failed += 1
     if args.bazel_rc != 0 and failed == 0:
         print(f"bazel test exited {args.bazel_rc} without a failing report: counting it as a failure")
         failed += 1

@@ -1,0 +1,74 @@
+"""The CI counter (.ci/count_results.py): times from Bazel's summary, limits from the BUILD
+attributes, and the check that fails a test running near its limit (so a suite that passes on an
+idle machine cannot time out beside a build unnoticed)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from tests.cpu.conftest import env_path
+
+
+def counter():
+    spec = importlib.util.spec_from_file_location("count_results", env_path("KIMI_CI_COUNT_RESULTS"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SUMMARY = """\
+INFO: Build completed successfully, 12 total actions
+//tests/cpu/image:test_profiles                                          PASSED in 13.8s
+//tests/cpu/kernel_cache:test_selection                         (cached) PASSED in 612.0s
+//tests/cpu/pins:test_lock                                               FAILED in 2s
+//tests/cpu/pins:test_slow                                              TIMEOUT in 60.1s
+
+Executed 3 out of 4 tests: 2 tests pass and 2 fail locally.
+"""
+
+QUERY = """<?xml version="1.1" encoding="UTF-8" standalone="no"?>
+<query version="2">
+  <rule class="py_test" location="/w/tests/cpu/image/BUILD.bazel:1:9" name="//tests/cpu/image:test_profiles">
+    <string name="name" value="test_profiles"/><string name="size" value="small"/>
+  </rule>
+  <rule class="py_test" location="/w/BUILD.bazel:2:9" name="//tests/cpu/kernel_cache:test_selection">
+    <string name="size" value="enormous"/>
+  </rule>
+  <rule class="py_test" location="/w/BUILD.bazel:3:9" name="//tests/cpu/pins:test_lock">
+    <string name="size" value="small"/><string name="timeout" value="long"/>
+  </rule>
+  <rule class="py_test" location="/w/BUILD.bazel:4:9" name="//tests/cpu/pins:test_slow"/>
+</query>
+"""
+
+
+def test_times_come_from_the_summary_cached_ones_included(tmp_path: Path) -> None:
+    log = tmp_path / "bazel.log"
+    log.write_text(SUMMARY)
+    assert counter().durations(log) == {
+        "//tests/cpu/image:test_profiles": 13.8, "//tests/cpu/kernel_cache:test_selection": 612.0,
+        "//tests/cpu/pins:test_lock": 2.0, "//tests/cpu/pins:test_slow": 60.1}
+
+
+def test_limits_follow_size_and_an_explicit_timeout() -> None:
+    assert counter().limits_of_query_xml(QUERY) == {
+        "//tests/cpu/image:test_profiles": (60, "size small"),
+        "//tests/cpu/kernel_cache:test_selection": (3600, "size enormous"),
+        "//tests/cpu/pins:test_lock": (900, "timeout long"),
+        "//tests/cpu/pins:test_slow": (300, "size medium"),  # Bazel's default size
+    }
+
+
+def test_a_test_over_half_its_limit_fails_naming_the_fix() -> None:
+    c = counter()
+    limits = c.limits_of_query_xml(QUERY)
+    targets = sorted(limits)
+    times = {"//tests/cpu/image:test_profiles": 30.5, "//tests/cpu/kernel_cache:test_selection": 612.0,
+             "//tests/cpu/pins:test_lock": 2.0}
+    problems = c.slow_tests(targets, times, limits)
+    assert problems == [
+        "//tests/cpu/image:test_profiles: took 30.5 s, over 50% of its 60 s limit (size small); "
+        "give it the next size up in its BUILD file, or make it cheaper",
+        "//tests/cpu/pins:test_slow: no time in Bazel's test summary",
+    ]
+    assert c.slow_tests(targets[:1], {targets[0]: 30.0}, limits) == []  # exactly half is within

@@ -1,0 +1,200 @@
+"""The four times a newcomer meets, with their goals (not a test: it drives Bazel itself).
+
+    python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main]
+                           [--record docs/measurements/YYYY-MM-DD.md] [--keep]
+
+Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
+
+| figure        | what runs                                                      | goal                    |
+|---------------|----------------------------------------------------------------|-------------------------|
+| cold-tests    | `bash .ci/run` (the test command): new output root, empty disk cache | <= 12 min          |
+| second-clone  | `bash .ci/run` in a second clone: new output root, the disk cache of cold-tests | <= 3 min |
+| warm-noop     | `bash .ci/run` again in that clone, nothing changed             | <= 1 min                |
+| kernel-cache  | `tools/bazel build --config=pypi //kernel_cache:sm120_cache`: new output root, empty disk cache | (the reference) |
+| cold-main     | `tools/bazel run --config=pypi //image:push` (the main job): new output root, empty disk cache | kernel-cache + 3 min |
+
+"Cold" is Bazel cold: no output root and no disk cache (`KIMI_K3_BAZEL_OUTPUT_ROOT`,
+`KIMI_K3_DISK_CACHE` point into a temp dir); the artifact cache (downloads, by sha256) and the
+sealed Bazel root are kept, since they are the network's time, not the build's. Prints the table
+with the date, the machine and the commit; --record appends it to a measurements file. Stops
+each Bazel server and removes each output root when its figures are done (--keep keeps them).
+Needs the disk room of one output root of the image and its disk cache (tens of GB): each
+figure's output root and disk cache are removed when the figures that need them are done. The
+main job leaves the local registry running, as it does for users (`python3 -m tools.image.push
+--stop-local-registry` stops it); the registry may already hold some blobs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tools.common.errors import UserError, run_cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ("cold-tests", "second-clone", "warm-noop", "kernel-cache", "cold-main")
+GOALS = {"cold-tests": 12 * 60, "second-clone": 3 * 60, "warm-noop": 60}
+MAIN_JOB_MARGIN = 3 * 60
+COUNT_RE = re.compile(r"^(\d+) passed, (\d+) failed", re.M)
+ELAPSED_RE = re.compile(r"INFO: Elapsed time: ([\d.]+)s, Critical Path: ([\d.]+)s")
+DIGEST_RE = re.compile(r"(sha256:[0-9a-f]{64})")
+
+
+@dataclass
+class Figure:
+    name: str
+    command: str
+    wall: float
+    rc: int
+    detail: str
+    goal: str = ""
+    met: bool | None = None
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    mem_kb = 0
+    try:
+        mem_kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                          if ln.startswith("MemTotal")))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{os.cpu_count()} cores ({cpu or platform.processor()}), {mem_kb / 2**20:.0f} GiB, {platform.platform()}"
+
+
+def clone(dest: Path) -> None:
+    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(dest)], check=True)
+
+
+def run(cmd: Sequence[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float, str]:
+    """Run cmd, its output to log and to this terminal's stderr; (rc, seconds, output)."""
+    print(f"[bench] {cwd.name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            sys.stderr.write(line)
+        rc = proc.wait()
+    return rc, time.monotonic() - start, log.read_text(errors="replace")
+
+
+def shutdown(clone_dir: Path, env: dict[str, str]) -> None:
+    subprocess.run(["tools/bazel", "shutdown"], cwd=clone_dir, env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+def tests_detail(output: str) -> str:
+    counts = COUNT_RE.findall(output)
+    return f"{counts[-1][0]} passed, {counts[-1][1]} failed" if counts else "no `N passed, N failed` line"
+
+
+def build_detail(output: str) -> str:
+    m = ELAPSED_RE.findall(output)
+    crit = f"Bazel {float(m[-1][0]):.0f} s, critical path {float(m[-1][1]):.0f} s" if m else "no Bazel summary"
+    manifest = re.findall(r"manifest digest:\s*(sha256:[0-9a-f]{64})", output)
+    return crit + (f", manifest {manifest[-1][:19]}..." if manifest else "")
+
+
+def table(figures: Sequence[Figure], commit: str) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"Commit {commit}, {when}, {machine()}.", "",
+             "| figure | command | time | goal | met | detail |", "|---|---|---|---|---|---|"]
+    for f in figures:
+        met = "" if f.met is None else ("yes" if f.met else "**no**")
+        rc = "" if f.rc == 0 else f" (exit {f.rc})"
+        lines.append(f"| {f.name} | `{f.command}` | {f.wall:.0f} s{rc} | {f.goal} | {met} | {f.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", default=",".join(FIGURES), help=f"comma-separated subset of {','.join(FIGURES)}")
+    p.add_argument("--record", type=Path, help="append the table to this measurements file")
+    p.add_argument("--keep", action="store_true", help="keep the clones and output roots")
+    args = p.parse_args(argv)
+    only = [f for f in args.only.split(",") if f]
+    unknown = sorted(set(only) - set(FIGURES))
+    if unknown:
+        raise UserError(f"--only {args.only}: unknown figure(s) {unknown}; pick from {','.join(FIGURES)}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    work = Path(tempfile.mkdtemp(prefix="kimi-k3-bench."))
+    figures: list[Figure] = []
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_BAZEL_OUTPUT_ROOT", "KIMI_K3_DISK_CACHE"))}
+
+    def env_for(name: str, disk: str) -> dict[str, str]:
+        return base_env | {"KIMI_K3_BAZEL_OUTPUT_ROOT": str(work / f"out-{name}"),
+                           "KIMI_K3_DISK_CACHE": str(work / f"disk-{disk}")}
+
+    def drop(name: str, env: dict[str, str], disk: str | None = None) -> None:
+        shutdown(work / name, env)
+        if not args.keep:
+            for d in [f"out-{name}"] + ([f"disk-{disk}"] if disk else []):
+                subprocess.run(["rm", "-rf", "--one-file-system", str(work / d)], check=False)
+
+    try:
+        if {"cold-tests", "second-clone", "warm-noop"} & set(only):
+            # The second clone needs the first one's disk cache, so the first always runs.
+            for name, figure in (("tests-a", "cold-tests"), ("tests-b", "second-clone")):
+                if figure == "second-clone" and not {"second-clone", "warm-noop"} & set(only):
+                    break
+                clone(work / name)
+                env = env_for(name, "tests")
+                rc, secs, out = run(["bash", ".ci/run"], work / name, env, work / f"{name}.log")
+                if figure in only:
+                    figures.append(Figure(figure, "bash .ci/run", secs, rc, tests_detail(out),
+                                          f"<= {GOALS[figure] // 60} min", rc == 0 and secs <= GOALS[figure]))
+                if figure == "second-clone" and "warm-noop" in only:
+                    rc, secs, out = run(["bash", ".ci/run"], work / name, env, work / f"{name}-noop.log")
+                    figures.append(Figure("warm-noop", "bash .ci/run (again)", secs, rc, tests_detail(out),
+                                          f"<= {GOALS['warm-noop']} s", rc == 0 and secs <= GOALS["warm-noop"]))
+                drop(name, env, "tests" if figure == "second-clone" else None)
+        reference = None
+        for figure, name, cmd in (("kernel-cache", "kc", ["tools/bazel", "build", "--config=pypi", "//kernel_cache:sm120_cache"]),
+                                  ("cold-main", "main", ["tools/bazel", "run", "--config=pypi", "//image:push"])):
+            if figure not in only:
+                continue
+            clone(work / name)
+            env = env_for(name, name)
+            rc, secs, out = run(cmd, work / name, env, work / f"{name}.log")
+            goal, met = "", None
+            if figure == "kernel-cache":
+                reference = secs
+            elif reference is not None:
+                goal = f"<= {(reference + MAIN_JOB_MARGIN) / 60:.1f} min (kernel-cache + 3)"
+                met = rc == 0 and secs <= reference + MAIN_JOB_MARGIN
+            figures.append(Figure(figure, " ".join(cmd), secs, rc, build_detail(out), goal, met))
+            drop(name, env, name)
+    finally:
+        if figures:
+            text = table(figures, commit)
+            print(text)
+            if args.record:
+                with open(args.record, "a") as f:
+                    f.write("\n## `python3 -m tools.bench`\n\n" + text)
+        if not args.keep:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
+        else:
+            print(f"[bench] kept {work}", file=sys.stderr)
+    return 0 if all(f.rc == 0 and f.met is not False for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
