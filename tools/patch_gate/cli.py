@@ -128,7 +128,7 @@ def cmd_repack(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="patch_gate.py", description=_DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python3 -m tools.patch_gate", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     apply = sub.add_parser("apply", help="check and apply a series to a wheel tree atomically")

@@ -322,7 +322,7 @@ def repack_wheel(tree: Path, out_dir: Path, local_label: str = PATCHED_LOCAL_LAB
     exec_bits). Returns the wheel path.
     """
     if not tree.is_dir():
-        raise UserError(f"--tree {tree}: not a directory; pass the patched tree written by `patch_gate.py apply --out-dir`")
+        raise UserError(f"--tree {tree}: not a directory; pass the patched tree written by `python3 -m tools.patch_gate apply --out-dir`")
     dist = find_dist_info(tree)
     if "+" in dist.version:
         raise UserError(f"wheel tree {tree}: version {dist.version} already has a local label; repack the unpatched-version tree")
