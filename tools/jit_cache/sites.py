@@ -163,8 +163,10 @@ class _ConstEval:
 
     def __init__(self, constants: dict[str, ast.AST]):
         self.constants = constants
+        self.conditional = False  # the last length() went through a runtime-chosen constant
 
     def length(self, node: ast.AST) -> int | None:
+        self.conditional = False
         try:
             return len(self.value(node, {}, configs=True))
         except (self.Unknown, TypeError, ValueError, ZeroDivisionError, RecursionError):
@@ -205,6 +207,18 @@ class _ConstEval:
             if op is None or (isinstance(node.op, ast.Mult) and isinstance(left, list) and right > _MAX_CONFIGS):
                 raise self.Unknown("op")
             return op(left, right)
+        if isinstance(node, ast.IfExp):
+            try:
+                return self.value(node.body if self.value(node.test, env) else node.orelse, env, configs)
+            except self.Unknown:
+                pass
+            # `[32, 64] if check_shared_mem() else [16, 32]`: decided on the device at import; the
+            # count is known only when every choice has as many elements.
+            body, orelse = self.value(node.body, env, configs), self.value(node.orelse, env, configs)
+            if not (isinstance(body, list) and isinstance(orelse, list) and len(body) == len(orelse)):
+                raise self.Unknown("runtime choice")
+            self.conditional = True
+            return body
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             v = self.value(node.operand, env)
             return (not v) if isinstance(node.op, ast.Not) else -v
@@ -261,6 +275,8 @@ def _autotune_details(call: ast.Call, evaluator: _ConstEval) -> dict[str, Any]:
     configs = next((k.value for k in call.keywords if k.arg == "configs"), call.args[0] if call.args else None)
     key = next((k.value for k in call.keywords if k.arg == "key"), call.args[1] if len(call.args) > 1 else None)
     out: dict[str, Any] = {"configs": evaluator.length(configs) if configs is not None else None}
+    if out["configs"] is not None and evaluator.conditional:
+        out["configs_note"] = "through a module constant chosen at import on the device; every choice gives this count"
     keys = _strings(key)
     out["key"] = keys if keys is not None else (short(key) if key is not None else None)
     return out

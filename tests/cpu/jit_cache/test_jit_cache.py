@@ -319,3 +319,22 @@ def test_torch_extension_and_helion_sites() -> None:
     assert sites == {"sglang-jit:e.py:load_ext": {"use": "torch-cpp-extension", "ext_name": "'toy_ext'",
                                                    "sources": ["src", "toy.cu"]},
                      "triton:e.py:toy_helion": {"via": "helion"}}
+
+
+def test_autotune_count_through_a_runtime_choice() -> None:
+    source = textwrap.dedent('''
+        import triton
+        BS = [32, 64] if big() else [16, 32]
+        ODD = [1, 2, 3] if big() else [1]
+        @triton.autotune(configs=[triton.Config({"BS": b}, num_warps=w) for b in BS for w in [2, 4, 8]], key=["H"])
+        @triton.jit
+        def same(x):
+            pass
+        @triton.autotune(configs=[triton.Config({"BS": b}) for b in ODD], key=["H"])
+        @triton.jit
+        def differs(x):
+            pass
+    ''')
+    sites = {s.name: s.details["autotune"] for s in scan_module("a.py", ast.parse(source))}
+    assert sites["same"]["configs"] == 6 and "chosen at import" in sites["same"]["configs_note"]
+    assert sites["differs"] == {"configs": None, "key": ["H"]}
