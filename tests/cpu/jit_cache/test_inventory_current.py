@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -19,3 +20,7 @@ def test_inventories_current(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["check", *shlex.split(args)])
     err = capsys.readouterr().err
     assert code == 0, "\n" + err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -338,3 +339,7 @@ def test_autotune_count_through_a_runtime_choice() -> None:
     sites = {s.name: s.details["autotune"] for s in scan_module("a.py", ast.parse(source))}
     assert sites["same"]["configs"] == 6 and "chosen at import" in sites["same"]["configs_note"]
     assert sites["differs"] == {"configs": None, "key": ["H"]}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
