@@ -1,6 +1,6 @@
 """The stage order of docs/DESIGN.md holds in the code: no module of a stage imports a later one.
 
-    common <- pins <- fetch <- patch_gate <- kernel_cache <- image
+    common <- pins <- fetch <- patch_gate <- kernel_cache <- jit_cache <- image
 
 Every tools/**/*.py is parsed with ast (nothing is imported) and each `import tools.X...` /
 `from tools.X... import ...`, at module level or inside a function, is mapped to the stage it
@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).absolute().parents[3]
 TOOLS = REPO_ROOT / "tools"
 
 # The stage order (docs/DESIGN.md), lowest first: a stage may import itself and earlier stages.
-STAGES = ["common", "pins", "fetch", "patch_gate", "kernel_cache", "image"]
+STAGES = ["common", "pins", "fetch", "patch_gate", "kernel_cache", "jit_cache", "image"]
 # Packages that time or run the stages (they may import any stage; no stage may import them).
 RUNNERS = ["bench", "gpu_suite"]
 

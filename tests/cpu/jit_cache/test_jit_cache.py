@@ -1,0 +1,345 @@
+"""tools/jit_cache on generated fixtures (no pinned wheel, no torch, nothing imported from a tree):
+the scanner finds each kind of site, the reach follows lazy imports and prunes what the image
+never runs, the check refuses an inventory that lacks a new kernel (naming its id, file and the
+fix), and bad input is one line. Also: the checked-in data files are well formed."""
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools.common.errors import UserError
+from tools.common.jsonfmt import loads_unique_keys, review_json
+from tools.jit_cache import cli
+from tools.jit_cache.inventory import read_json, validate_inventory, validate_reach
+from tools.jit_cache.sites import scan_module
+
+REPO_ROOT = Path(__file__).absolute().parents[3]
+
+TOY_KERNELS = '''
+    from typing import TYPE_CHECKING
+    import torch
+    import triton
+    import triton.language as tl
+    from flashinfer.norm import rmsnorm
+    from sglang.kernels.jit.utils import load_jit
+    from sglang.utils import is_hip
+    if TYPE_CHECKING:
+        from sglang.kernels import typing_only
+    _is_hip = is_hip()
+    if _is_hip:
+        from sglang.kernels import hip_only
+
+    BLOCKS = [16, 32]
+
+    @triton.autotune(
+        configs=[triton.Config({"B": b}, num_warps=w) for b in BLOCKS for w in [2, 4, 8] if b * w < 200],
+        key=["N"],
+    )
+    @triton.jit(do_not_specialize=["T"])
+    def toy_kernel(x, N, T, B: tl.constexpr):
+        pass
+
+    @triton.jit
+    def _plain(x):
+        pass
+
+    plain_kernel = triton.autotune(configs=[triton.Config({}), triton.Config({})], key=["M"])(_plain)
+
+    def toy_module(dtype):
+        return load_jit("toy_" + str(dtype), cuda_files=["toy/toy.cuh"],
+                        cuda_wrappers=[("run", f"ToyKernel<{dtype}>::run")])
+
+    @torch.compile(dynamic=True)
+    def fused(x):
+        return x
+'''
+
+REGISTRY = '''
+    ATTENTION_BACKENDS = {}
+    def register_attention_backend(name):
+        def decorator(fn):
+            ATTENTION_BACKENDS[name] = fn
+            return fn
+        return decorator
+
+    @register_attention_backend("triton")
+    def create_triton(runner):
+        from sglang.kernels.triton_attn import Backend
+        return Backend
+
+    @register_attention_backend("fa3")
+    def create_fa3(runner):
+        from sglang.kernels.fa3_attn import Backend
+        return Backend
+'''
+
+KERNEL = '''
+    import triton
+    class Backend:
+        pass
+    @triton.jit
+    def attn_kernel(x):
+        pass
+'''
+
+FIXTURE = {
+    "sglang/__init__.py": "",
+    "sglang/utils.py": "def is_hip():\n    return False\n",
+    "sglang/launch_server.py": "from sglang.srt import server\n",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/server.py": ("def run(runner):\n"
+                             "    from sglang.srt.attention_registry import ATTENTION_BACKENDS\n"
+                             "    return ATTENTION_BACKENDS\n"),
+    "sglang/srt/attention_registry.py": REGISTRY,
+    "sglang/srt/models/__init__.py": "",
+    "sglang/srt/models/toy.py": ("from sglang.kernels import toy_kernels\n"
+                                 "class ToyForCausalLM:\n    pass\n"
+                                 "EntryClass = [ToyForCausalLM]\n"),
+    "sglang/srt/models/other.py": ("from sglang.kernels import other_kernels\n"
+                                   "class OtherForCausalLM:\n    pass\n"
+                                   "EntryClass = OtherForCausalLM\n"),
+    "sglang/kernels/__init__.py": "",
+    "sglang/kernels/jit/__init__.py": "",
+    "sglang/kernels/jit/utils.py": "def load_jit(*args, **kwargs):\n    pass\n",
+    "sglang/kernels/toy_kernels.py": TOY_KERNELS,
+    "sglang/kernels/triton_attn.py": KERNEL,
+    "sglang/kernels/fa3_attn.py": KERNEL,
+    "sglang/kernels/hip_only.py": KERNEL,
+    "sglang/kernels/typing_only.py": KERNEL,
+    "sglang/kernels/other_kernels.py": KERNEL,
+}
+
+PROFILE = {
+    "schema_version": 1,
+    "checkpoint": {"placeholder": "MODEL_PATH", "config": {"architectures": ["ToyForCausalLM"]}},
+    "args": ["--model-path", "${MODEL_PATH}", "--tp-size", "8", "--moe-runner-backend", "toy", "--trust-remote-code"],
+}
+
+
+def _reach() -> dict:
+    reach = json.loads((REPO_ROOT / "jit_cache" / "reach.json").read_text())
+    reach["architectures"] = {"ToyForCausalLM": {"resolved_settings": {
+        "attention_backend": {"value": "triton", "why": "fixture"}}}}
+    reach["setting_roots"] = {}
+    reach["flashinfer_apis"] = {"flashinfer.norm.rmsnorm": "norm"}
+    return reach
+
+
+def write_fixture(root: Path, files: dict[str, str] = FIXTURE, profile: dict = PROFILE) -> dict[str, Path]:
+    tree = root / "tree"
+    for rel, text in files.items():
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    (root / "profiles").mkdir()
+    (root / "profiles" / "toy.json").write_text(json.dumps(profile))
+    (root / "reach.json").write_text(json.dumps(_reach()))
+    (root / "facts.json").write_text(json.dumps({"schema_version": 1, "architectures": {}}))
+    (root / "needs.json").write_text(json.dumps({"architectures": {"ToyForCausalLM": {"modules": {"norm": {}}}}}))
+    (root / "plan.bzl").write_text('KERNEL_CACHE_PLAN = {"schema_version": 1, "modules": [{"name": "norm"}]}\n')
+    return {"tree": tree, "profiles": root / "profiles", "reach": root / "reach.json", "facts": root / "facts.json",
+            "needs": root / "needs.json", "plan": root / "plan.bzl"}
+
+
+def inventory_args(paths: dict[str, Path], out: Path, stack: str = "toy") -> list[str]:
+    return ["inventory", "--stack", stack, "--tree", str(paths["tree"]), "--profiles", str(paths["profiles"]),
+            "--reach", str(paths["reach"]), "--facts", str(paths["facts"]), "--backend-needs", str(paths["needs"]),
+            "--kernel-plan", str(paths["plan"]), "--out", str(out)]
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[dict[str, Path], dict]:
+    paths = write_fixture(tmp_path)
+    out = tmp_path / "inventory.toy.json"
+    assert cli.main(inventory_args(paths, out)) == 0
+    return paths, json.loads(out.read_text())
+
+
+def test_scanner_finds_each_kind() -> None:
+    sites = {s.id: s for s in scan_module("k.py", ast.parse(textwrap.dedent(TOY_KERNELS)))}
+    toy = sites["triton:k.py:toy_kernel"]
+    # 2 blocks x 3 warps, minus 32 * 8 >= 200
+    assert toy.details["autotune"] == {"configs": 5, "key": ["N"]}
+    assert toy.details["do_not_specialize"] == ["T"]
+    # autotune applied by call lands on the kernel it wraps
+    assert sites["triton:k.py:_plain"].details["autotune"] == {"configs": 2, "key": ["M"]}
+    jit = sites["sglang-jit:k.py:toy_module"].details
+    assert jit["cuda_files"] == ["toy/toy.cuh"] and jit["cuda_wrappers"] == [["run", "ToyKernel"]]
+    assert sites["inductor:k.py:fused"].details == {"use": "decorator", "dynamic": True}
+    assert "flashinfer:k.py:flashinfer.norm.rmsnorm" in sites
+    assert len(sites) == 5
+
+
+def test_cute_dsl_compile_and_aot_cache() -> None:
+    source = textwrap.dedent('''
+        import cutlass.cute as cute
+        from sglang.kernels.jit.cute_aot_cache import get_jit_cache
+        CACHE = get_jit_cache("kda")
+        def compiled(fn, *args):
+            return cute.compile(fn, *args)
+    ''')
+    sites = {s.id: s.details for s in scan_module("c.py", ast.parse(source))}
+    assert sites == {"cute-dsl:c.py:<module>": {"use": "aot-cache", "args": ["'kda'"]},
+                     "cute-dsl:c.py:compiled": {"use": "compile", "compiles": "fn"}}
+
+
+def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None:
+    _, inventory = built
+    sites = inventory["sites"]
+    # reached: the model's kernels and the selected registry entry's (a lazy import)
+    assert sites["triton:sglang/kernels/toy_kernels.py:toy_kernel"]["profiles"] == ["toy"]
+    assert sites["triton:sglang/kernels/triton_attn.py:attn_kernel"]["tier"] == "lazy"
+    assert sites["triton:sglang/kernels/toy_kernels.py:toy_kernel"]["tier"] == "startup"
+    # not reached: another backend's factory, another platform, TYPE_CHECKING, another model
+    for file in ("fa3_attn", "hip_only", "typing_only", "other_kernels"):
+        assert f"triton:sglang/kernels/{file}.py:attn_kernel" in inventory["unreached"]
+    assert sites["flashinfer:sglang/kernels/toy_kernels.py:flashinfer.norm.rmsnorm"]["status"] == "prebuilt"
+    assert sites["flashinfer:kernel_cache:norm"]["status"] == "prebuilt"
+    toy = sites["triton:sglang/kernels/toy_kernels.py:toy_kernel"]
+    assert toy["status"] == "gap" and "autotuned (5 configs" in toy["reason"]
+    assert sites["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]["status"] == "gap"
+    spec = inventory["profiles"]["toy"]["specializations"]
+    assert spec["tp_size"] == {"value": 8, "from": "profile"}
+    assert spec["attention_backend"]["from"] == "jit_cache/reach.json resolved_settings"
+    assert spec["page_size"]["value"] is None
+    validate_inventory(inventory, "fixture")
+
+
+def test_check_refuses_a_new_kernel_naming_it(built: tuple[dict[str, Path], dict], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    paths, inventory = built
+    checked_in = tmp_path / "checked_in"
+    checked_in.mkdir()
+    (checked_in / "inventory.toy.json").write_bytes(review_json(inventory))
+    assert cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"]) == 0
+    kernels = paths["tree"] / "sglang/kernels/triton_attn.py"
+    kernels.write_text(kernels.read_text() + "\n@triton.jit\ndef extra_kernel(x):\n    pass\n")
+    grown = tmp_path / "grown.json"
+    assert cli.main(inventory_args(paths, grown)) == 0
+    capsys.readouterr()
+    assert cli.main(["check", f"--built=toy={grown}", f"--inventory-dir={checked_in}"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["jit_cache/inventory.toy.json: new site triton:sglang/kernels/triton_attn.py:extra_kernel "
+                     "(sglang/kernels/triton_attn.py, gap) is not in the inventory; run "
+                     "`tools/bazel run //jit_cache:update_inventory` and review `git diff jit_cache/`"]
+
+
+def test_check_names_a_missing_and_a_stale_inventory(built: tuple[dict[str, Path], dict], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    checked_in = tmp_path / "checked_in"
+    checked_in.mkdir()
+    (checked_in / "inventory.gone.json").write_text("{}")
+    assert cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"]) == 1
+    err = capsys.readouterr().err
+    assert "inventory.toy.json: missing for stack toy" in err
+    assert "inventory.gone.json: no stack of the lock has this name" in err
+
+
+def _one_line(excinfo: pytest.ExceptionInfo[UserError]) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_tree_is_one_line(tmp_path: Path) -> None:
+    paths = write_fixture(tmp_path)
+    paths["tree"] = tmp_path / "nowhere"
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, tmp_path / "out.json"))
+    assert "--tree" in _one_line(e) and "no sglang/__init__.py" in str(e.value)
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_unknown_architecture_is_one_line(tmp_path: Path) -> None:
+    profile = json.loads(json.dumps(PROFILE))
+    profile["checkpoint"]["config"]["architectures"] = ["NoSuchForCausalLM"]
+    paths = write_fixture(tmp_path, profile=profile)
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, tmp_path / "out.json"))
+    assert "NoSuchForCausalLM" in _one_line(e) and "reach.json" in str(e.value)
+
+
+def test_architecture_without_model_module_is_one_line(tmp_path: Path) -> None:
+    files = {k: v for k, v in FIXTURE.items() if k != "sglang/srt/models/toy.py"}
+    paths = write_fixture(tmp_path, files=files)
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, tmp_path / "out.json"))
+    assert "no model module" in _one_line(e)
+
+
+def test_malformed_inventory_is_one_line(built: tuple[dict[str, Path], dict], tmp_path: Path) -> None:
+    checked_in = tmp_path / "checked_in"
+    checked_in.mkdir()
+    (checked_in / "inventory.toy.json").write_text('{"schema_version": 1, "sites": {"x": {"status": "maybe"}}, "unreached": []}')
+    with pytest.raises(UserError) as e:
+        cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"])
+    assert "site x has no status prebuilt|gap" in _one_line(e)
+    (checked_in / "inventory.toy.json").write_text("{not json")
+    with pytest.raises(UserError) as e:
+        cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"])
+    assert "not JSON" in _one_line(e)
+
+
+def test_duplicate_key_in_reach_is_one_line(tmp_path: Path) -> None:
+    paths = write_fixture(tmp_path)
+    paths["reach"].write_text('{"entry_modules": [], "entry_modules": []}')
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, tmp_path / "out.json"))
+    assert "key 'entry_modules' appears twice" in _one_line(e)
+
+
+def test_checked_in_data_files() -> None:
+    reach = read_json(REPO_ROOT / "jit_cache" / "reach.json", "reach")
+    validate_reach(reach, "jit_cache/reach.json")
+    declared = {m["name"] for m in json.loads((REPO_ROOT / "kernel_cache" / "modules.json").read_text())["modules"]}
+    unknown = sorted(set(reach["flashinfer_apis"].values()) - declared)
+    assert unknown == [], f"jit_cache/reach.json flashinfer_apis name modules kernel_cache/modules.json lacks: {unknown}"
+    facts = loads_unique_keys((REPO_ROOT / "jit_cache" / "checkpoint_facts.json").read_text(), "facts")
+    for arch, entry in facts["architectures"].items():
+        assert arch in reach["architectures"]
+        for name, fact in entry["facts"].items():
+            assert set(fact) == {"value", "source"} and fact["source"], (arch, name)
+
+
+def test_torch_extension_and_helion_sites() -> None:
+    source = textwrap.dedent('''
+        import helion
+        from torch.utils import cpp_extension
+        def load_ext(src):
+            return cpp_extension.load(name="toy_ext", sources=[src, "toy.cu"])
+        @helion.kernel(static_shapes=True)
+        def toy_helion(x):
+            return x
+    ''')
+    sites = {s.id: s.details for s in scan_module("e.py", ast.parse(source))}
+    assert sites == {"sglang-jit:e.py:load_ext": {"use": "torch-cpp-extension", "ext_name": "'toy_ext'",
+                                                   "sources": ["src", "toy.cu"]},
+                     "triton:e.py:toy_helion": {"via": "helion"}}
+
+
+def test_autotune_count_through_a_runtime_choice() -> None:
+    source = textwrap.dedent('''
+        import triton
+        BS = [32, 64] if big() else [16, 32]
+        ODD = [1, 2, 3] if big() else [1]
+        @triton.autotune(configs=[triton.Config({"BS": b}, num_warps=w) for b in BS for w in [2, 4, 8]], key=["H"])
+        @triton.jit
+        def same(x):
+            pass
+        @triton.autotune(configs=[triton.Config({"BS": b}) for b in ODD], key=["H"])
+        @triton.jit
+        def differs(x):
+            pass
+    ''')
+    sites = {s.name: s.details["autotune"] for s in scan_module("a.py", ast.parse(source))}
+    assert sites["same"]["configs"] == 6 and "chosen at import" in sites["same"]["configs_note"]
+    assert sites["differs"] == {"configs": None, "key": ["H"]}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

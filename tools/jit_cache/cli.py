@@ -1,0 +1,135 @@
+"""`python3 -m tools.jit_cache`:
+
+    inventory --stack S (--tree DIR | --wheel WHEEL) [inputs] --out FILE
+        one stack's inventory (review JSON), from the patch gate's tree or the pinned wheel
+        (gated here with sglang_patches/<S>.series, drift-checked against its manifest);
+    check --built S=FILE... --inventory-dir jit_cache
+        each recomputed inventory equals the checked-in jit_cache/inventory.<S>.json; exit 1 with
+        one line per new, removed or changed site, and the command that rewrites them;
+    install --built S=FILE... --inventory-dir jit_cache
+        write the recomputed inventories over the checked-in ones (what
+        `tools/bazel run //jit_cache:update_inventory` runs; review `git diff jit_cache/`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from tools.common.errors import UserError
+from tools.common.files import workspace_path, write_bytes_atomic
+from tools.common.jsonfmt import review_json
+from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_json, validate_inventory
+from tools.jit_cache.tree import ScratchDir, gated_tree, tree_from_dir
+
+EXIT_DIFFERS = 1
+UPDATE_COMMAND = "tools/bazel run //jit_cache:update_inventory"
+
+
+def _pairs(values: Sequence[str], flag: str) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values:
+        stack, sep, path = value.partition("=")
+        if not sep or not stack or not path:
+            raise UserError(f"{flag} {value!r}: expected STACK=FILE")
+        if stack in out:
+            raise UserError(f"{flag}: stack {stack} given twice; give each stack once")
+        out[stack] = Path(path)
+    return out
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    if (args.tree is None) == (args.wheel is None):
+        raise UserError("inventory: give exactly one of --tree DIR (the gate's tree) and --wheel WHEEL (the pinned wheel)")
+    profiles = load_profiles(args.profiles)
+    reach = read_json(args.reach, "--reach")
+    facts = read_json(args.facts, "--facts")
+    needs = read_json(args.backend_needs, "--backend-needs")
+    plan = _read_plan(args.kernel_plan)
+    with ScratchDir() as scratch:
+        if args.tree is not None:
+            tree = tree_from_dir(args.tree, "--tree")
+        else:
+            tree = gated_tree(args.wheel, args.stack, args.patch_dir, args.lock, scratch)
+        inventory = build_inventory(args.stack, tree, profiles, reach, facts.get("architectures", {}), needs, plan,
+                                    args.kernel_plan.name)
+    write_bytes_atomic(args.out, review_json(inventory))
+    counts = ", ".join(f"{k} {c['reached']}/{c['total']}" for k, c in inventory["counts"].items())
+    log(f"stack {args.stack}: sites reached/total: {counts}; wrote {args.out}")
+    return 0
+
+
+def _read_plan(path: Path) -> dict:
+    from tools.kernel_cache.plan import read_plan
+    return read_plan(path)
+
+
+def _checked_in(directory: Path, stack: str) -> Path:
+    return directory / f"inventory.{stack}.json"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    built = _pairs(args.built, "--built")
+    failed = False
+    for stack, path in sorted(built.items()):
+        ours = read_json(path, "--built")
+        validate_inventory(ours, f"--built {stack}={path}")
+        target = _checked_in(args.inventory_dir, stack)
+        if not target.is_file():
+            print(f"jit_cache/{target.name}: missing for stack {stack}; run `{UPDATE_COMMAND}` and commit it", file=sys.stderr)
+            failed = True
+            continue
+        theirs = read_json(target, "checked-in inventory")
+        validate_inventory(theirs, f"jit_cache/{target.name}")
+        for line in differences(ours, theirs):
+            print(f"jit_cache/{target.name}: {line}; run `{UPDATE_COMMAND}` and review `git diff jit_cache/`", file=sys.stderr)
+            failed = True
+    stale = sorted(p.name for p in args.inventory_dir.glob("inventory.*.json") if p.name.split(".")[1] not in built)
+    for name in stale:
+        print(f"jit_cache/{name}: no stack of the lock has this name; delete it", file=sys.stderr)
+        failed = True
+    if not failed:
+        log(f"inventories current: {', '.join(sorted(built))}")
+    return EXIT_DIFFERS if failed else 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    built = _pairs(args.built, "--built")
+    directory = workspace_path(args.inventory_dir)
+    for stack, path in sorted(built.items()):
+        data = read_json(path, "--built")
+        validate_inventory(data, f"--built {stack}={path}")
+        write_bytes_atomic(_checked_in(directory, stack), review_json(data))
+        log(f"wrote {_checked_in(directory, stack)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python3 -m tools.jit_cache", description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    inv = sub.add_parser("inventory", help="one stack's inventory of first-use compile sites")
+    inv.add_argument("--stack", required=True)
+    inv.add_argument("--tree", type=Path, help="the patch gate's SGLang tree of the stack")
+    inv.add_argument("--wheel", type=Path, help="the stack's pinned sglang wheel (gated here)")
+    inv.add_argument("--patch-dir", type=Path, default=Path("sglang_patches"), help="with --wheel: series, manifests, layout")
+    inv.add_argument("--lock", type=Path, default=Path("third_party/pins.lock.json"))
+    inv.add_argument("--profiles", type=Path, default=Path("image/profiles"))
+    inv.add_argument("--reach", type=Path, default=Path("jit_cache/reach.json"))
+    inv.add_argument("--facts", type=Path, default=Path("jit_cache/checkpoint_facts.json"))
+    inv.add_argument("--backend-needs", type=Path, default=Path("image/backend_needs.json"))
+    inv.add_argument("--kernel-plan", type=Path, required=True, help="the stack's kernel-cache plan the image ships")
+    inv.add_argument("--out", type=Path, required=True)
+    inv.set_defaults(func=cmd_inventory)
+    for name, func, text in (("check", cmd_check, "recomputed inventories == the checked-in ones"),
+                             ("install", cmd_install, "write recomputed inventories over the checked-in ones")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--built", action="append", default=[], required=True, metavar="STACK=FILE")
+        p.add_argument("--inventory-dir", type=Path, default=Path("jit_cache"))
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

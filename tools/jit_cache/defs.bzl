@@ -1,0 +1,18 @@
+"""Thin Bazel rules over tools/jit_cache (all logic is in the Python tool; internals in private/).
+
+    jit_cache_inventories()
+
+in the data folder (//jit_cache): per stack of the lock, `:built_<stack>` (that stack's inventory
+recomputed by one action from the patch gate's SGLang tree of the stack, whatever
+--//third_party:stack says), `:built` (all of them) and `:update_inventory` (`bazel run`: writes
+them over the checked-in inventory.<stack>.json of the package).
+
+INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
+every stack (//tests/cpu/jit_cache:inventory_current).
+"""
+
+load("//tools/jit_cache/private:inventory.bzl", _CHECK_ARGS = "CHECK_ARGS", _CHECK_DATA = "CHECK_DATA", _jit_cache_inventories = "jit_cache_inventories")
+
+INVENTORY_CHECK_ARGS = _CHECK_ARGS
+INVENTORY_CHECK_DATA = _CHECK_DATA
+jit_cache_inventories = _jit_cache_inventories

@@ -1,0 +1,340 @@
+"""One stack's inventory: every compile site of its SGLang tree, which launch profiles reach it,
+and whether the image ships it built (`prebuilt`) or serving compiles it at first use (`gap`).
+
+Inputs (all data, read here, never imported): the SGLang tree, the launch profiles
+(image/profiles/*.json), jit_cache/reach.json (roots, pruning, the settings SGLang resolves that
+a profile leaves unset, FlashInfer APIs -> kernel-cache modules), jit_cache/checkpoint_facts.json,
+image/backend_needs.json (FlashInfer modules a profile's settings need) and the stack's
+kernel-cache plan (the FlashInfer modules the image ships built).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from tools.common.errors import UserError
+from tools.common.jsonfmt import loads_unique_keys
+from tools.jit_cache import reach as reach_mod
+from tools.jit_cache.sites import KINDS, Site, dotted, scan_module
+from tools.jit_cache.tree import SourceTree
+
+SCHEMA_VERSION = 1
+PREBUILT, GAP = "prebuilt", "gap"
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{what} {path}: cannot read ({e.strerror or e}); pass the file of this checkout") from None
+    try:
+        return loads_unique_keys(text, f"{what} {path}")
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} {path}: not JSON (line {e.lineno}: {e.msg}); fix the file") from None
+
+
+def _need(obj: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
+        raise UserError(f"{where}: expected a {kind.__name__} at '{key}'; fix the file")
+    return obj[key]
+
+
+@dataclass
+class Profile:
+    name: str
+    architecture: str
+    settings: dict[str, Any]  # ServerArgs field -> value given on the command line (True for a flag)
+
+
+def parse_args(args: list[str]) -> dict[str, Any]:
+    """`--tp-size 32 --trust-remote-code` -> {"tp_size": "32", "trust_remote_code": True}."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            key, sep, value = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            if sep:
+                out[key] = value
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                out[key] = args[i + 1]
+                i += 1
+            else:
+                out[key] = True
+        i += 1
+    return out
+
+
+def load_profiles(directory: Path) -> list[Profile]:
+    paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    if not paths:
+        raise UserError(f"--profiles {directory}: no launch profiles (*.json) there; pass image/profiles")
+    profiles = []
+    for path in paths:
+        where = f"launch profile {path}"
+        data = read_json(path, "launch profile")
+        checkpoint = _need(data, "checkpoint", dict, where)
+        archs = _need(_need(checkpoint, "config", dict, where), "architectures", list, where)
+        if len(archs) != 1 or not isinstance(archs[0], str):
+            raise UserError(f"{where}: checkpoint.config.architectures must name one architecture; fix the profile")
+        args = _need(data, "args", list, where)
+        profiles.append(Profile(name=path.stem, architecture=archs[0], settings=parse_args([str(a) for a in args])))
+    return profiles
+
+
+def model_modules(tree: SourceTree, models_dir: str) -> dict[str, str]:
+    """Architecture -> module name, from each model module's `EntryClass = X` / `[X, Y]` (what
+    SGLang's model registry reads after importing every module of the directory)."""
+    out: dict[str, str] = {}
+    prefix = models_dir.rstrip("/") + "/"
+    for rel in tree.files:
+        if not rel.startswith(prefix) or b"EntryClass" not in tree.source(rel):
+            continue
+        for node in tree.parse(rel).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets):
+                values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                for v in values:
+                    name = dotted(v)
+                    if name:
+                        out.setdefault(name.rsplit(".", 1)[-1], reach_mod.module_name(rel) or rel)
+    return out
+
+
+def _resolved_settings(profile: Profile, reach: Mapping[str, Any]) -> dict[str, Any]:
+    """The profile's settings, plus what reach.json says SGLang resolves for the ones it leaves unset."""
+    arch = reach["architectures"].get(profile.architecture)
+    if arch is None:
+        raise UserError(f"launch profile {profile.name}: architecture {profile.architecture} is not in "
+                        f"jit_cache/reach.json 'architectures'; add it (the settings SGLang resolves for it)")
+    settings = dict(profile.settings)
+    for key, entry in arch.get("resolved_settings", {}).items():
+        settings.setdefault(key, entry["value"])
+    return settings
+
+
+def _kernel_cache_modules(profile_settings: Mapping[str, Any], architecture: str, needs: Mapping[str, Any]) -> dict[str, str]:
+    """FlashInfer modules image/backend_needs.json says this profile needs -> why."""
+    out: dict[str, str] = {}
+    for name in needs.get("architectures", {}).get(architecture, {}).get("modules", {}):
+        out[name] = f"architecture {architecture}"
+    for setting, values in needs.get("settings", {}).items():
+        value = profile_settings.get(setting)
+        if isinstance(value, str) and value in values:
+            for name in values[value].get("modules", {}):
+                out.setdefault(name, f"{setting}={value}")
+    return out
+
+
+def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mapping[str, Any],
+                     facts: Mapping[str, Any]) -> dict[str, Any]:
+    """What the profile fixes (or leaves to SGLang) that compiled kernels specialize on."""
+    out: dict[str, Any] = {}
+    for key in reach["specialization_settings"]:
+        value = settings.get(key)
+        if value is None:
+            out[key] = {"value": None, "why": "not set by the profile: SGLang's default at startup"}
+        elif isinstance(value, str) and value.startswith("${"):
+            out[key] = {"value": None, "why": f"placeholder {value}, filled at launch"}
+        else:
+            how = "profile" if key in profile.settings else "jit_cache/reach.json resolved_settings"
+            out[key] = {"value": int(value) if isinstance(value, str) and value.isdigit() else value, "from": how}
+    out["checkpoint"] = facts.get(profile.architecture, {}).get("facts", {})
+    return out
+
+
+def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str]) -> tuple[str, str]:
+    d = site.details
+    if site.kind == "flashinfer":
+        module = d.get("kernel_cache_module") or apis.get(site.name)
+        if module and module in shipped:
+            return PREBUILT, f"FlashInfer module {module} is in the kernel cache ({plan_name})"
+        if module:
+            return GAP, f"needs FlashInfer module {module}, which {plan_name} does not build (FLASHINFER_DISABLE_JIT=1: MissingJITCacheError)"
+        return GAP, ("FlashInfer API not mapped to a kernel-cache module in jit_cache/reach.json: whether it "
+                     "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined")
+    if site.kind == "sglang-jit":
+        return GAP, "no ahead-of-time build yet: load_jit compiles into $SGLANG_JIT_CACHE_DIR at first call"
+    if site.kind == "triton":
+        tune = d.get("autotune")
+        if tune:
+            n = tune.get("configs")
+            count = f"{n} configs" if n is not None else "configs not countable statically"
+            return GAP, f"autotuned ({count}, key {tune.get('key')}): configs chosen by benchmarking on the device at first launch; no ahead-of-time build yet"
+        return GAP, "no ahead-of-time build yet: Triton compiles at first launch per specialization"
+    if site.kind == "cute-dsl":
+        if d.get("use") == "aot-cache":
+            return GAP, "SGLang's CuTe-DSL AOT cache ($SGLANG_CUTE_AOT_CACHE_DIR) ships empty: filled at first compile"
+        return GAP, "no ahead-of-time build yet: cute.compile at first call"
+    if site.kind == "inductor":
+        return GAP, "torch.compile traces and compiles at first call; its inductor kernels cannot be enumerated statically"
+    raise AssertionError(site.kind)
+
+
+def _pruning(reach: Mapping[str, Any], settings: Mapping[str, Any]) -> reach_mod.Pruning:
+    registries = {}
+    for decorator, entry in reach["registries"].items():
+        registries[decorator] = frozenset(str(settings[s]) for s in entry["settings"] if isinstance(settings.get(s), str))
+    pruning = reach["pruning"]
+    return reach_mod.Pruning(frozenset(pruning["other_platform_predicates"]), frozenset(pruning["cuda_predicates"]),
+                             tuple(pruning["other_platform_modules"]), registries)
+
+
+def validate_reach(reach: Any, where: str) -> None:
+    for key, kind in (("entry_modules", list), ("models_dir", str), ("pruning", dict), ("registries", dict),
+                      ("architectures", dict), ("setting_roots", dict), ("flashinfer_apis", dict),
+                      ("specialization_settings", list)):
+        _need(reach, key, kind, where)
+    for key in ("other_platform_predicates", "cuda_predicates", "other_platform_modules"):
+        _need(reach["pruning"], key, list, f"{where} pruning")
+
+
+def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach: Mapping[str, Any],
+                    facts: Mapping[str, Any], needs: Mapping[str, Any], plan: Mapping[str, Any],
+                    plan_name: str) -> dict[str, Any]:
+    validate_reach(reach, "jit_cache/reach.json")
+    modules = tree.modules
+    archs = model_modules(tree, reach["models_dir"])
+    shipped = {m if isinstance(m, str) else m["name"]: plan_name for m in plan.get("modules", [])}
+    apis = reach["flashinfer_apis"]
+
+    # Every site of the tree (the check's "gains a site" compares these ids).
+    sites: dict[str, Site] = {}
+    for rel in sorted(tree.files):
+        if tree.may_hold_sites(rel):
+            for site in scan_module(rel, tree.parse(rel)):
+                sites[site.id] = site
+    module_of = {rel: reach_mod.module_name(rel) for rel in tree.files}
+
+    reached_by: dict[str, list[str]] = {}
+    startup_sites: set[str] = set()  # in a module importing the roots loads (no function run)
+    profile_out: dict[str, Any] = {}
+    for profile in profiles:
+        settings = _resolved_settings(profile, reach)
+        model = archs.get(profile.architecture)
+        if model is None:
+            raise UserError(f"launch profile {profile.name}: architecture {profile.architecture} has no model "
+                            f"module in {reach['models_dir']} of stack {stack} (no EntryClass names it); fix the "
+                            f"profile's checkpoint.config.architectures")
+        roots = list(reach["entry_modules"]) + [model]
+        for setting, values in reach["setting_roots"].items():
+            value = settings.get(setting)
+            if isinstance(value, str) and value in values:
+                roots.extend(values[value]["modules"])
+        missing = [r for r in roots if r not in modules]
+        if missing:
+            raise UserError(f"jit_cache/reach.json: root module {missing[0]} (profile {profile.name}) is not in "
+                            f"stack {stack}'s SGLang tree; update reach.json for this SGLang")
+        pruning = _pruning(reach, settings)
+        reached = reach_mod.closure(roots, modules, tree.parse, pruning)
+        startup = reach_mod.closure(roots, modules, tree.parse, pruning, lazy=False)
+        for site_id, site in sites.items():
+            module = module_of.get(site.file)
+            if module in reached:
+                reached_by.setdefault(site_id, []).append(profile.name)
+            if module in startup:
+                startup_sites.add(site_id)
+        for module, why in _kernel_cache_modules(settings, profile.architecture, needs).items():
+            site = Site(kind="flashinfer", file="image/backend_needs.json", name=module,
+                        details={"kernel_cache_module": module, "needed_by": why})
+            site.id = f"flashinfer:kernel_cache:{module}"
+            sites.setdefault(site.id, site)
+            reached_by.setdefault(site.id, []).append(profile.name)
+            startup_sites.add(site.id)
+        profile_out[profile.name] = {
+            "architecture": profile.architecture,
+            "model_module": model,
+            "roots": sorted(set(roots)),
+            "reached_modules": len(reached),
+            "startup_modules": len(startup),
+            "specializations": _specializations(profile, settings, reach, facts),
+        }
+
+    reached_sites: dict[str, Any] = {}
+    counts: dict[str, dict[str, int]] = {k: {"total": 0, "reached": 0, "startup": 0, PREBUILT: 0, GAP: 0}
+                                         for k in KINDS}
+    for site_id in sorted(sites):
+        site = sites[site_id]
+        counts[site.kind]["total"] += 1
+        if site_id not in reached_by:
+            continue
+        status, reason = _reason(site, shipped, plan_name, apis)
+        counts[site.kind]["reached"] += 1
+        counts[site.kind][status] += 1
+        tier = "startup" if site_id in startup_sites else "lazy"
+        counts[site.kind]["startup"] += tier == "startup"
+        details = {k: v for k, v in site.details.items() if k != "kernel_cache_module"}
+        reached_sites[site_id] = {
+            "kind": site.kind,
+            "file": site.file,
+            "name": site.name,
+            "profiles": sorted(reached_by[site_id]),
+            "tier": tier,
+            "status": status,
+            "reason": reason,
+            "specializations": details,
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "description": (f"First-use compile sites of stack {stack}'s SGLang (the patch gate's tree) that the "
+                        "launch profiles reach, each prebuilt or a gap with its reason and its tier (startup: in a module that importing the "
+                        "roots loads; lazy: in a module only a function's own import reaches); `unreached`: the "
+                        "other sites of the tree. Written by `tools/bazel run //jit_cache:update_inventory`; how the "
+                        "sites and the reach are found and what that misses: jit_cache/README.md."),
+        "stack": stack,
+        "sglang_version": tree.version,
+        "kernel_cache_plan": plan_name,
+        "counts": counts,
+        "modules": {"total": len(modules), "unparsed": dict(sorted(tree.unparsed.items()))},
+        "profiles": profile_out,
+        "sites": reached_sites,
+        "unreached": sorted(i for i in sites if i not in reached_by),
+    }
+
+
+def site_summary(inventory: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """site id -> (file, status) for every site the inventory lists (reached or not)."""
+    out = {i: (s["file"], s["status"]) for i, s in inventory.get("sites", {}).items()}
+    for i in inventory.get("unreached", []):
+        parts = i.split(":")
+        out[i] = (parts[1] if len(parts) > 2 else "?", "unreached")
+    return out
+
+
+def validate_inventory(data: Any, where: str) -> None:
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{where}: not a jit_cache inventory of schema {SCHEMA_VERSION}; regenerate it with "
+                        "`tools/bazel run //jit_cache:update_inventory`")
+    sites = _need(data, "sites", dict, where)
+    _need(data, "unreached", list, where)
+    for site_id, site in sites.items():
+        if not isinstance(site, dict) or site.get("status") not in (PREBUILT, GAP) or not site.get("reason"):
+            raise UserError(f"{where}: site {site_id} has no status prebuilt|gap with a reason; regenerate it "
+                            "with `tools/bazel run //jit_cache:update_inventory`")
+
+
+def differences(built: Mapping[str, Any], checked_in: Mapping[str, Any]) -> list[str]:
+    """One line per site that is new, removed or changed between the recomputed inventory and the
+    checked-in one (then one line for any other difference)."""
+    new, old = site_summary(built), site_summary(checked_in)
+    lines = []
+    for site_id in sorted(set(new) | set(old)):
+        if site_id not in old:
+            lines.append(f"new site {site_id} ({new[site_id][0]}, {new[site_id][1]}) is not in the inventory")
+        elif site_id not in new:
+            lines.append(f"site {site_id} ({old[site_id][0]}) is gone from the tree")
+        elif built.get("sites", {}).get(site_id) != checked_in.get("sites", {}).get(site_id):
+            lines.append(f"site {site_id} ({new[site_id][0]}) changed (status {old[site_id][1]} -> {new[site_id][1]})")
+    if not lines and dict(built) != dict(checked_in):
+        keys = sorted(k for k in set(built) | set(checked_in) if built.get(k) != checked_in.get(k))
+        lines.append(f"fields {', '.join(keys)} differ")
+    return lines
+
+
+def log(message: str) -> None:
+    print(f"jit_cache: {message}", file=sys.stderr, flush=True)
