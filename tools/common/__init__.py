@@ -9,6 +9,7 @@
 - credentials: the credentials in URLs of the variables tools/bazel forwards, kept out of Bazel
   (stripped for it, restored in the tools that make the requests)
 - progress: progress of long work (done/total, rate, ETA) on stderr
+- cliargs: repeated `--flag NAME=PATH` values as one dict (named_paths; a name twice refused)
 
 Standard library only: repository rules run these files before any venv exists.
 """

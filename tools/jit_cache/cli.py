@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from tools.common.cliargs import named_paths
 from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
@@ -27,16 +28,6 @@ EXIT_DIFFERS = 1
 UPDATE_COMMAND = "tools/bazel run //jit_cache:update_inventory"
 
 
-def _pairs(values: Sequence[str], flag: str) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for value in values:
-        stack, sep, path = value.partition("=")
-        if not sep or not stack or not path:
-            raise UserError(f"{flag} {value!r}: expected STACK=FILE")
-        if stack in out:
-            raise UserError(f"{flag}: stack {stack} given twice; give each stack once")
-        out[stack] = Path(path)
-    return out
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
@@ -70,7 +61,7 @@ def _checked_in(directory: Path, stack: str) -> Path:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    built = _pairs(args.built, "--built")
+    built = named_paths(args.built, "--built", form="STACK=FILE", what="stack")
     failed = False
     for stack, path in sorted(built.items()):
         ours = read_json(path, "--built")
@@ -95,7 +86,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    built = _pairs(args.built, "--built")
+    built = named_paths(args.built, "--built", form="STACK=FILE", what="stack")
     directory = workspace_path(args.inventory_dir)
     for stack, path in sorted(built.items()):
         data = read_json(path, "--built")

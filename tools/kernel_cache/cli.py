@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import tools.kernel_cache
 from tools.common.cache import cache_root
+from tools.common.cliargs import named_paths
 from tools.common.errors import UserError
 from tools.common.files import replace_dir, temp_dir_sibling, write_text_atomic
 from tools.kernel_cache.actions import (Fill, assemble, check_nvcc, compile_one, link_one,
@@ -68,14 +69,6 @@ def _toolchain(args: argparse.Namespace) -> Toolchain:
     return load_toolchain(args.cuda_home, args.userland, args.tvm_ffi)
 
 
-def _parse_kv(items: Sequence[str], what: str) -> dict[str, Path]:
-    out = {}
-    for it in items:
-        k, sep, v = it.partition("=")
-        if not sep:
-            raise UserError(f"{what} {it!r}: expected NAME=PATH")
-        out[k] = Path(v)
-    return out
 
 
 def _need(args: argparse.Namespace, name: str) -> Any:
@@ -251,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "assemble":
         plan = read_plan(args.plan)
         tc = _toolchain(args)
-        assemble(select_modules(plan, args.only), tc, _parse_kv(args.module_so, "--module-so"),
+        assemble(select_modules(plan, args.only), tc, named_paths(args.module_so, "--module-so", what="module"),
                  args.out)
         return 0
     if args.cmd == "build":

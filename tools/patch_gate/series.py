@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tools.common.cliargs import named_paths
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_bytes
 from tools.patch_gate.wheel import check_member_path
@@ -71,15 +72,7 @@ def read_series(path: Path) -> list[SeriesEntry]:
 
 def parse_pin_files(values: Sequence[str]) -> dict[str, Path]:
     """`--pin-file NAME=PATH` arguments as a dict."""
-    pins: dict[str, Path] = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or not name or not path:
-            raise UserError(f"--pin-file {value!r}: expected NAME=PATH, e.g. flashinfer-pr4460=/path/to/the.diff")
-        if name in pins:
-            raise UserError(f"--pin-file {name}: given twice; pass each pin once")
-        pins[name] = Path(path)
-    return pins
+    return named_paths(values, "--pin-file", what="pin", example="flashinfer-pr4460=/path/to/the.diff")
 
 
 def load_lock(path: Path) -> pins_lock.Lock:
