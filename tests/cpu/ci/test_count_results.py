@@ -72,3 +72,22 @@ def test_a_test_over_half_its_limit_fails_naming_the_fix() -> None:
         "//tests/cpu/pins:test_slow: no time in Bazel's test summary",
     ]
     assert c.slow_tests(targets[:1], {targets[0]: 30.0}, limits) == []  # exactly half is within
+
+
+def test_only_pytest_reports_count_for_pytest_targets() -> None:
+    import xml.etree.ElementTree as ET
+    c = counter()
+    pytest_report = ET.fromstring('<testsuites name="pytest tests"><testsuite name="pytest" tests="3"/></testsuites>')
+    # What Bazel writes for a test that wrote no report: one suite named after the target, one case.
+    bazel_report = ET.fromstring('<testsuites><testsuite name="tests/cpu/pins/test_x" tests="1" failures="0">'
+                                 '<testcase name="tests/cpu/pins/test_x" status="run"/></testsuite></testsuites>')
+    assert c.written_by_pytest(pytest_report.findall("testsuite"))
+    assert not c.written_by_pytest(bazel_report.findall("testsuite"))
+    assert not c.written_by_pytest([])
+
+
+if __name__ == "__main__":
+    import sys
+
+    import pytest
+    sys.exit(pytest.main([__file__, "-v"]))

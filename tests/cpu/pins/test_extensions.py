@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).absolute().parents[3]
 PINS_BZL = REPO_ROOT / "tools" / "pins" / "private" / "fetch.bzl"
 
@@ -52,3 +54,7 @@ def test_pin_repositories_keep_no_list_of_tool_files() -> None:
     # Watching packages, not files: a module added to a watched package needs no edit here.
     _, files = watched()
     assert [f.relative_to(REPO_ROOT).as_posix() for f in files] == ["tools/__init__.py"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
