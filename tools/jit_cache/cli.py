@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -22,11 +23,10 @@ from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
 from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_json, validate_inventory
-from tools.jit_cache.tree import ScratchDir, gated_tree, tree_from_dir
+from tools.jit_cache.tree import gated_tree, tree_from_dir
 
 EXIT_DIFFERS = 1
 UPDATE_COMMAND = "tools/bazel run //jit_cache:update_inventory"
-
 
 
 
@@ -38,7 +38,8 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     facts = read_json(args.facts, "--facts")
     needs = read_json(args.backend_needs, "--backend-needs")
     plan = _read_plan(args.kernel_plan)
-    with ScratchDir() as scratch:
+    with tempfile.TemporaryDirectory(prefix="jit-cache-") as scratch_dir:
+        scratch = Path(scratch_dir)
         if args.tree is not None:
             tree = tree_from_dir(args.tree, "--tree")
         else:

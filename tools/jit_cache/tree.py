@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ast
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,42 +70,24 @@ def tree_from_dir(root: Path, what: str) -> SourceTree:
 
 
 def gated_tree(wheel: Path, stack: str, patch_dir: Path, lock: Path, work: Path) -> SourceTree:
-    """`wheel` with stack's SGLang series applied by the patch gate into `work`, refused when the
-    result drifts from `<patch_dir>/<stack>.manifest.json` (so it is the tree the image ships)."""
-    from tools.patch_gate.gate import GateInputs, run_gate
-    from tools.patch_gate.gitapply import GitApply
-    from tools.patch_gate.remap import WheelLayout
-    from tools.patch_gate.series import load_lock, read_series, resolve_series
+    """`wheel` with stack's SGLang series applied into `work` by the patch gate's own `apply`
+    (as //kernel_cache:update_plans does), refused when the result drifts from
+    `<patch_dir>/<stack>.manifest.json` (so it is the tree the image ships)."""
+    from tools.patch_gate import cli as gate_cli
+    from tools.patch_gate.series import load_lock
 
-    series = patch_dir / f"{stack}.series"
-    manifest = patch_dir / f"{stack}.manifest.json"
-    for path in (series, manifest, patch_dir / "wheel_layout.json"):
-        if not path.is_file():
-            raise UserError(f"--patch-dir {patch_dir}: no {path.name} (stack {stack}); pass sglang_patches/ of this checkout")
     if not wheel.is_file():
         raise UserError(f"--wheel {stack}={wheel}: no such file; pass the stack's pinned sglang wheel "
                         f"(`python3 -m tools.fetch fetch --pin <the stack's sglang pin>` prints its path)")
     lock_data = load_lock(lock)
     if stack not in lock_data.stacks:
         raise UserError(f"--stack {stack}: not a stack of {lock} ({', '.join(sorted(lock_data.stacks))}); name one")
-    inputs = GateInputs(series=series, target=wheel, layout=WheelLayout.load(patch_dir / "wheel_layout.json"),
-                        sources=resolve_series(series, read_series(series), {}, lock_data),
-                        target_pin=lock_data.stack(stack).roles[ROLE], git=GitApply("git"))
     out = work / f"sglang-{stack}"
-    result = run_gate(inputs, out, manifest)
-    if not result.accepted:
-        why = "; ".join(result.drift[:3]) if result.drift else "a patch conflicts"
-        raise UserError(f"--wheel {stack}={wheel}: the patch gate refused it ({why}); fix the series or run "
+    argv = ["apply", "--series", str(patch_dir / f"{stack}.series"), "--target", str(wheel),
+            "--target-pin", lock_data.stack(stack).roles[ROLE], "--layout", str(patch_dir / "wheel_layout.json"),
+            "--lock", str(lock), "--expected-manifest", str(patch_dir / f"{stack}.manifest.json"),
+            "--out-dir", str(out)]
+    if gate_cli.main(argv) != 0:
+        raise UserError(f"--wheel {stack}={wheel}: the patch gate refused it (above); fix the series or run "
                         f"`tools/bazel run //sglang_patches:update_manifest` for the stack")
     return tree_from_dir(out, f"--wheel {stack}")
-
-
-class ScratchDir:
-    """A temporary directory removed on exit (the gate's trees)."""
-
-    def __enter__(self) -> Path:
-        self.path = Path(tempfile.mkdtemp(prefix="jit-cache-"))
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
