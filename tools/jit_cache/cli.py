@@ -8,7 +8,14 @@
         one line per new, removed or changed site, and the command that rewrites them;
     install --built S=FILE... --inventory-dir jit_cache
         write the recomputed inventories over the checked-in ones (what
-        `tools/bazel run //jit_cache:update_inventory` runs; review `git diff jit_cache/`).
+        `tools/bazel run //jit_cache:update_inventory` runs; review `git diff jit_cache/`);
+    build-sglang --stack S --arch 12.0f|9.0a --modules FILE --base-tar TAR --site-tree DIR...
+                 --cuda-home C --userland U --out OUT
+        SGLang's JIT modules of jit_cache/sglang_modules.json built ahead of time in SGLang's own
+        cache layout (tools/jit_cache/sglang_aot.py; what //jit_cache:sglang_jit_<arch> runs);
+    check-sglang --stack S --arch A --modules FILE --base-tar TAR --site-tree DIR... --cache OUT
+        SGLang's own loader, as the image runs it (no compiler, SGLANG_CRASH_ON_JIT_COMPILE=1),
+        finds and loads every module of OUT.
 """
 from __future__ import annotations
 
@@ -97,6 +104,17 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_sglang(args: argparse.Namespace) -> int:
+    from tools.jit_cache.sglang_aot import build_sglang
+    return build_sglang(args.stack, args.arch, args.modules, args.base_tar, args.site_tree,
+                        args.cuda_home, args.userland, args.out)
+
+
+def cmd_check_sglang(args: argparse.Namespace) -> int:
+    from tools.jit_cache.sglang_aot import check_sglang
+    return check_sglang(args.stack, args.arch, args.modules, args.base_tar, args.site_tree, args.cache)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m tools.jit_cache", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +137,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--built", action="append", default=[], required=True, metavar="STACK=FILE")
         p.add_argument("--inventory-dir", type=Path, default=Path("jit_cache"))
         p.set_defaults(func=func)
+    bs = sub.add_parser("build-sglang", help="SGLang JIT modules ahead of time, in SGLang's cache layout")
+    bs.add_argument("--stack", required=True)
+    bs.add_argument("--arch", required=True, help="12.0f (the image) or 9.0a (the H200 proof)")
+    bs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
+    bs.add_argument("--base-tar", type=Path, required=True, help="the image's Debian rootfs tar (its python3.11)")
+    bs.add_argument("--site-tree", type=Path, action="append", required=True,
+                    help="an image layer's installed tree (rooted at /); repeat, bottom layer first")
+    bs.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda)")
+    bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
+    bs.add_argument("--out", type=Path, required=True)
+    bs.set_defaults(func=cmd_build_sglang)
+    cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
+    for flag in ("--stack", "--arch"):
+        cs.add_argument(flag, required=True)
+    cs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
+    cs.add_argument("--base-tar", type=Path, required=True)
+    cs.add_argument("--site-tree", type=Path, action="append", required=True)
+    cs.add_argument("--cache", type=Path, required=True, help="build-sglang's output")
+    cs.set_defaults(func=cmd_check_sglang)
     return parser
 
 

@@ -7,12 +7,21 @@ recomputed by one action from the patch gate's SGLang tree of the stack, whateve
 --//third_party:stack says), `:built` (all of them) and `:update_inventory` (`bazel run`: writes
 them over the checked-in inventory.<stack>.json of the package).
 
+    sglang_jit_cache(name, arch, stack, modules, layers)
+
+SGLang's JIT modules (load_jit) of `modules` built ahead of time for `arch` (12.0f | 9.0a) in
+SGLang's own cache layout, by SGLang's own load_jit running under the image's python3.11 over the
+`layers`' installed trees (tools/jit_cache/sglang_aot.py); one sandboxed action, remote-cacheable.
+
 INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
 every stack (//tests/cpu/jit_cache:inventory_current).
 """
 
 load("//tools/jit_cache/private:inventory.bzl", _CHECK_ARGS = "CHECK_ARGS", _CHECK_DATA = "CHECK_DATA", _jit_cache_inventories = "jit_cache_inventories")
 
+load("//tools/jit_cache/private:sglang_jit.bzl", _sglang_jit_cache = "sglang_jit_cache")
+
 INVENTORY_CHECK_ARGS = _CHECK_ARGS
 INVENTORY_CHECK_DATA = _CHECK_DATA
 jit_cache_inventories = _jit_cache_inventories
+sglang_jit_cache = _sglang_jit_cache

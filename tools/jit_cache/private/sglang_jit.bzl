@@ -1,0 +1,74 @@
+"""sglang_jit_cache: SGLang's JIT modules built ahead of time in SGLang's cache layout (see
+//tools/jit_cache:defs.bzl)."""
+
+load("//tools/image/private:providers.bzl", "LayerInfo")
+
+def _sglang_jit_cache_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
+    tars = []
+    trees = []
+    for layer in ctx.attr.layers:
+        info = layer[LayerInfo]
+        tars += info.tars
+        if info.installed:
+            trees.append(info.installed)
+    if len(tars) != 1:
+        fail("%s: layers must hold exactly one base rootfs tar (//image:layer_base), got %d" % (ctx.label, len(tars)))
+    args = ctx.actions.args()
+    args.add("build-sglang")
+    args.add("--stack", ctx.attr.stack)
+    args.add("--arch", ctx.attr.arch)
+    args.add("--modules", ctx.file.modules)
+    args.add("--base-tar", tars[0])
+    for tree in trees:
+        args.add("--site-tree", tree.path)
+    args.add("--cuda-home", ctx.file._cuda_identity.dirname)
+    args.add("--userland", ctx.file._userland_identity.dirname)
+    args.add("--out", out.path)
+
+    # Sandboxed and remote-cacheable: every input is declared (the image's base tar and
+    # installed trees, the pinned CUDA root and compiler userland, the module list, the tool's
+    # sources), the output is a few MB.
+    ctx.actions.run(
+        executable = py.interpreter_path,
+        arguments = ["-m", "tools.jit_cache", args],
+        inputs = depset(
+            tars + trees + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
+            transitive = [
+                ctx.attr._tool[DefaultInfo].default_runfiles.files,
+                ctx.attr._cuda[DefaultInfo].files,
+                ctx.attr._userland[DefaultInfo].files,
+            ],
+        ),
+        outputs = [out],
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": ".",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+        },
+        mnemonic = "SglangJitCache",
+        progress_message = "Building SGLang JIT modules for %s (stack %s) through SGLang's load_jit" % (ctx.attr.arch, ctx.attr.stack),
+    )
+    return [
+        DefaultInfo(files = depset([out])),
+        OutputGroupInfo(image_inputs = depset(tars + trees)),
+    ]
+
+sglang_jit_cache = rule(
+    implementation = _sglang_jit_cache_impl,
+    doc = "SGLang JIT modules of `modules` (its `stack` entries) for `arch`, in SGLang's cache layout + kimi-k3-sglang-jit.json. Output group image_inputs: the base tar and installed trees it ran on (for check-sglang).",
+    attrs = {
+        "arch": attr.string(mandatory = True, values = ["12.0f", "9.0a"]),
+        "stack": attr.string(mandatory = True),
+        "modules": attr.label(allow_single_file = [".json"], mandatory = True),
+        "layers": attr.label_list(providers = [LayerInfo], mandatory = True, doc = "the image's layers below SGLang's own, and SGLang's: base first"),
+        "_tool": attr.label(default = "//tools/jit_cache:jit_cache"),
+        "_cuda": attr.label(default = "@kimi_cuda//:root"),
+        "_cuda_identity": attr.label(allow_single_file = True, default = "@kimi_cuda//:identity"),
+        "_userland": attr.label(default = "@kimi_cxx_userland//:root"),
+        "_userland_identity": attr.label(allow_single_file = True, default = "@kimi_cxx_userland//:identity"),
+    },
+    toolchains = ["@bazel_tools//tools/python:toolchain_type"],
+)

@@ -1,0 +1,374 @@
+"""SGLang's JIT modules built ahead of time, in SGLang's own cache layout (issue #27, deliverable 2).
+
+    python3 -m tools.jit_cache build-sglang --stack S --arch 12.0f|9.0a --modules FILE
+        --base-tar BASE.tar --site-tree DIR... --cuda-home C --userland U --out OUT
+
+OUT holds `<target>/<module>/build-<build_key>/deps-<deps_key>/{sgl_deps.json,<module>.so}` (what
+`$SGLANG_JIT_CACHE_DIR` holds after SGLang built them itself) and `kimi-k3-sglang-jit.json`, the
+manifest: per module its call, arguments, keys, the .so's sha256, the toolchain headers it was
+compiled against (not in the image, so not in its sgl_deps.json) and the toolchain's identity.
+
+How: the image's interpreter (Debian's python3.11 from the base tar) runs
+tools/jit_cache/sglang_worker.py over the image's installed site-packages trees; the worker calls
+each listed `_jit_*_module` function, so SGLang's own load_jit computes every key and publishes
+every leaf; only its compile step is handed the pinned toolchain (the worker's docstring says what
+it changes and why none of it changes a key). Nothing of the machine is read: no GPU, no CUDA, no
+compiler but the pinned ones. Bad input (an unknown stack or arch, a call that fails) is one line
+per entry and leaves OUT as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from tools.common.errors import UserError
+from tools.common.files import dir_replaced_atomically
+from tools.common.hashing import sha256_file
+from tools.common.jsonfmt import loads_unique_keys, review_json
+
+WORKER = Path(__file__).with_name("sglang_worker.py")
+MANIFEST = "kimi-k3-sglang-jit.json"
+IMAGE_SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+IMAGE_PYTHON = "usr/bin/python3.11"
+# arch -> (capability torch reports, device name, SGLang's cache target directory)
+ARCHS = {
+    "12.0f": ((12, 0), "NVIDIA RTX PRO 6000 Blackwell Server Edition", "sm120f"),
+    "9.0a": ((9, 0), "NVIDIA H200", "sm90a"),
+}
+SCHEMA_VERSION = 1
+
+
+def log(msg: str) -> None:
+    print(f"jit_cache: {msg}", file=sys.stderr, flush=True)
+
+
+def load_modules(path: Path, stack: str) -> list[dict[str, Any]]:
+    """The stack's entries of jit_cache/sglang_modules.json, checked: each a `call`
+    ("package.module:function"), `args` (JSON values; {"dtype": "bfloat16"} for a torch dtype)
+    and a `why`."""
+    try:
+        data = loads_unique_keys(path.read_text(), str(path))
+    except OSError as e:
+        raise UserError(f"--modules {path}: cannot read ({e.strerror})") from None
+    stacks = data.get("stacks") if isinstance(data, dict) else None
+    if not isinstance(stacks, dict):
+        raise UserError(f"--modules {path}: no \"stacks\" object; see jit_cache/README.md")
+    if stack not in stacks:
+        raise UserError(f"--modules {path}: no entry for stack {stack!r} (has: "
+                        f"{', '.join(sorted(stacks))}); add stacks.{stack}")
+    entries = stacks[stack]
+    if not isinstance(entries, list):
+        raise UserError(f"--modules {path}: stacks.{stack} is not a list")
+    seen = set()
+    for i, entry in enumerate(entries):
+        where = f"--modules {path}: stacks.{stack}[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"call", "args", "why"}:
+            raise UserError(f"{where}: an object of call, args, why only")
+        call = entry.get("call")
+        if not isinstance(call, str) or call.count(":") != 1 or not all(call.split(":")):
+            raise UserError(f"{where}: call {call!r} is not \"package.module:function\"")
+        if not isinstance(entry.get("args", []), list):
+            raise UserError(f"{where}: args is not a list")
+        if not isinstance(entry.get("why"), str) or not entry["why"].strip():
+            raise UserError(f"{where}: why is missing: say which call site needs it")
+        key = json.dumps([call, entry.get("args", [])], sort_keys=True)
+        if key in seen:
+            raise UserError(f"{where}: {call} with these args is listed twice; delete one")
+        seen.add(key)
+    return entries
+
+
+def extract_interpreter(base_tar: Path, root: Path) -> Path:
+    """Debian's python3.11 and its standard library out of the base rootfs tar (nothing else of
+    it: the running system's glibc stays the one loaded)."""
+    wanted = (IMAGE_PYTHON, "usr/lib/python3.11/")
+    try:
+        with tarfile.open(base_tar) as tar:
+            members = [m for m in tar.getmembers()
+                       if (m.name.lstrip("./") == IMAGE_PYTHON or
+                           m.name.lstrip("./").startswith(wanted[1])) and (m.isfile() or m.isdir()
+                                                                           or m.issym())]
+            tar.extractall(root, members=members, filter="tar")
+    except (OSError, tarfile.TarError) as e:
+        raise UserError(f"--base-tar {base_tar}: cannot read the base rootfs tar ({e}); rebuild "
+                        "//image:debian_rootfs") from None
+    python = root / IMAGE_PYTHON
+    if not python.is_file():
+        raise UserError(f"--base-tar {base_tar}: holds no /{IMAGE_PYTHON}; the image's base must "
+                        "be Debian set image-base (python3.11, the wheels' ABI)")
+    return python
+
+
+def merge_site_trees(trees: Sequence[Path], site: Path) -> None:
+    """One site-packages of links to the layers' installed trees (each rooted at /), as the
+    image's overlay merges them; a directory in several trees (a namespace package) is merged
+    entry by entry."""
+    site.mkdir(parents=True, exist_ok=True)
+
+    def merge(src: Path, dest: Path) -> None:
+        for entry in sorted(os.listdir(src)):
+            s, d = src / entry, dest / entry
+            if d.is_symlink() and d.is_dir() and s.is_dir() and not s.is_symlink():
+                first = Path(os.readlink(d))
+                d.unlink()
+                d.mkdir()
+                merge(first, d)
+                merge(s, d)
+            elif d.is_dir() and not d.is_symlink() and s.is_dir():
+                merge(s, d)
+            elif not d.exists() and not d.is_symlink():
+                os.symlink(s.resolve() if s.is_symlink() and s.is_dir() else s, d)
+    for tree in trees:
+        src = tree / IMAGE_SITE_PACKAGES
+        if not src.is_dir():
+            raise UserError(f"--site-tree {tree}: no {IMAGE_SITE_PACKAGES} in it; pass the "
+                            "layers' installed trees (rooted at /)")
+        merge(src, site)
+
+
+def _tvm_ffi_identity(site: Path, out: Path) -> Path:
+    """The image's own tvm-ffi (its headers are what the modules compile against) in the form the
+    kernel-cache toolchain names it by: include/ and its version."""
+    from tools.kernel_cache.toolchain import TVM_FFI_IDENTITY_FILE
+    include = site / "tvm_ffi" / "include"
+    infos = sorted(site.glob("apache_tvm_ffi-*.dist-info"))
+    if not include.is_dir() or len(infos) != 1:
+        raise UserError("--site-tree: the stack's apache-tvm-ffi (tvm_ffi/include and one "
+                        "apache_tvm_ffi-*.dist-info) is not in the trees")
+    out.mkdir()
+    os.symlink(include.resolve(), out / "include")
+    version = infos[0].name[len("apache_tvm_ffi-"):-len(".dist-info")]
+    (out / TVM_FFI_IDENTITY_FILE).write_text(json.dumps({"version": version}))
+    return out
+
+
+class ImagePython:
+    """The image's interpreter over the image's installed site-packages, in a scratch directory,
+    with the image's environment for SGLang (no compiler reachable, CUDA_HOME unset)."""
+
+    def __init__(self, scratch: Path, base_tar: Path, site_trees: Sequence[Path], arch: str):
+        self.scratch = scratch
+        # Where the trees' files really are: in a Bazel sandbox a tree is a forest of links into
+        # the output base, and SGLang anchors every path it keys or records by its resolved
+        # location (a header would resolve outside the package it was imported from).
+        from tools.kernel_cache.toolchain import real_roots
+        self.site_trees = [Path(real_roots(Path(os.path.abspath(t)))[-1]) for t in site_trees]
+        root = scratch / "root"
+        self.python = extract_interpreter(base_tar, root)
+        self.site = root / IMAGE_SITE_PACKAGES
+        merge_site_trees(self.site_trees, self.site)
+        no_tools = scratch / "no-compilers"
+        no_tools.mkdir()
+        self.env = {
+            "PATH": str(no_tools),
+            "HOME": str(scratch / "home"),
+            "TMPDIR": str(scratch),
+            "LC_ALL": "C",
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # The image's own environment (image/BUILD.bazel IMAGE_ENV).
+            "LD_LIBRARY_PATH": str(self.site / "nvidia" / "cu13" / "lib"),
+            "FLASHINFER_CUDA_ARCH_LIST": arch,
+        }
+
+    def run_worker(self, request: dict[str, Any], extra_env: dict[str, str], what: str) -> dict[str, Any]:
+        request = dict(request, result=str(self.scratch / f"{what}-result.json"))
+        request_file = self.scratch / f"{what}-request.json"
+        request_file.write_text(json.dumps(request))
+        proc = subprocess.run([str(self.python), str(WORKER), str(request_file)],
+                              env={**self.env, **extra_env}, capture_output=True, text=True)
+        result_file = Path(request["result"])
+        if proc.returncode != 0 or not result_file.is_file():
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+            raise UserError(f"{what}: the worker under the image's python3.11 failed (exit "
+                            f"{proc.returncode}); see its output above")
+        result = json.loads(result_file.read_text())
+        if result.get("fatal"):
+            raise UserError(f"{what}: {result['fatal']}")
+        return result
+
+
+def _arch(arch: str) -> tuple[tuple[int, int], str, str]:
+    if arch not in ARCHS:
+        raise UserError(f"--arch {arch}: not one of {', '.join(ARCHS)}")
+    return ARCHS[arch]
+
+
+def _report_errors(result: dict[str, Any], modules_file: Path, stack: str, total: int, what: str,
+                   fix: str) -> None:
+    if not result["errors"]:
+        return
+    for err in result["errors"]:
+        first = err["error"].splitlines()[0] if err["error"] else ""
+        print(f"jit_cache: {modules_file}: stacks.{stack}: {err['call']}{tuple(err['args'])}: {first}",
+              file=sys.stderr)
+    raise UserError(f"{what}: {len(result['errors'])} of {total} module(s) of {modules_file} "
+                    f"failed (one line each above); {fix}")
+
+
+def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
+                 site_trees: Sequence[Path], cuda_home: str, userland: str, out: Path) -> int:
+    from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, real_roots
+
+    capability, device_name, target = _arch(arch)
+    entries = load_modules(modules_file, stack)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sglang-jit-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        image = ImagePython(scratch, base_tar, site_trees, arch)
+        site, site_trees = image.site, image.site_trees
+        tc = load_toolchain(cuda_home, userland, str(_tvm_ffi_identity(site, scratch / "tvm-ffi")))
+        wrappers, _ = _userland_shims(tc.userland) if tc.userland else (None, None)
+        compile_env = tc.env()
+        found = [t / "usr" / "local" / "bin" for t in site_trees if (t / "usr/local/bin/ninja").is_file()]
+        if not found:
+            raise UserError("--site-tree: the stack's ninja wheel (/usr/local/bin/ninja) is not in "
+                            "the trees; SGLang's load_jit builds through it")
+        compile_env["PATH"] = os.pathsep.join([str(found[0]), compile_env["PATH"]])
+        image_site = "/" + IMAGE_SITE_PACKAGES
+        prefix_maps = [list(m) for m in tc.prefix_maps()]
+        for tree in site_trees:
+            for real in real_roots(tree / IMAGE_SITE_PACKAGES):
+                prefix_maps.append([real, image_site])
+        prefix_maps.append([str(site), image_site])
+        # Longest first: a tree's real root may lie under another mapped directory.
+        prefix_maps.sort(key=lambda m: len(m[0]), reverse=True)
+        cache_dir = scratch / "cache"
+        request = {
+            "capability": list(capability),
+            "device_name": device_name,
+            "modules": entries,
+            "compile_env": compile_env,
+            "nvcc": str(tc.cuda_home / "bin" / "nvcc"),
+            "cxx": str(wrappers / "c++") if wrappers else "c++",
+            "cuda_home": str(tc.cuda_home),
+            "prefix_maps": prefix_maps,
+            "scratch": str(scratch / "worker"),
+        }
+        log(f"stack {stack}, arch {arch}: building {len(entries)} SGLang JIT module(s) through "
+            f"SGLang's load_jit (nvcc {tc.nvcc_version_text}, {tc.cxx_version})")
+        result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(cache_dir)}, "build-sglang")
+        _report_errors(result, modules_file, stack, len(entries), "build-sglang",
+                       "fix or remove those entries")
+        if result["target"] != target:
+            raise UserError(f"build-sglang: SGLang keyed the modules for {result['target']}, not "
+                            f"{target} ({arch}); the stand-in device did not take")
+        manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps)
+        with dir_replaced_atomically(out, "--out") as tmp:
+            # Of each leaf only what SGLang reads back: sgl_deps.json and the module (the
+            # staging's objects, depfiles and ninja log hold build paths and times).
+            for m in manifest["modules"]:
+                leaf = tmp / m["leaf"]
+                leaf.mkdir(parents=True)
+                for name in ("sgl_deps.json", m["module"] + ".so"):
+                    shutil.copyfile(cache_dir / m["leaf"] / name, leaf / name)
+                    (leaf / name).chmod(0o755 if name.endswith(".so") else 0o644)
+            (tmp / MANIFEST).write_bytes(review_json(manifest))
+    log(f"built {len(manifest['modules'])} module(s) for {target} in "
+        f"{time.monotonic() - t0:.0f} s; wrote {out}")
+    return 0
+
+
+def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
+                 site_trees: Sequence[Path], cache: Path) -> int:
+    """SGLang's own loader, in the image's tree with no compiler reachable and
+    SGLANG_CRASH_ON_JIT_COMPILE=1, over a read-only copy of CACHE: every listed module must be a
+    hit on the manifest's leaf and load (tvm-ffi's dlopen). One line per module; exit 1 on a miss."""
+    capability, device_name, target = _arch(arch)
+    entries = load_modules(modules_file, stack)
+    manifest_file = cache / MANIFEST
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--cache {cache}: no readable {MANIFEST} ({e}); pass the output of "
+                        "build-sglang") from None
+    if (manifest.get("stack"), manifest.get("arch")) != (stack, arch):
+        raise UserError(f"--cache {cache}: built for stack {manifest.get('stack')} arch "
+                        f"{manifest.get('arch')}, not {stack} {arch}")
+    with tempfile.TemporaryDirectory(prefix="sglang-jit-check-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        image = ImagePython(scratch, base_tar, site_trees, arch)
+        shipped = scratch / "shipped"
+        shutil.copytree(cache, shipped)
+        for dirpath, dirnames, filenames in os.walk(shipped):
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o444)
+            os.chmod(dirpath, 0o555)
+        request = {"mode": "check", "capability": list(capability), "device_name": device_name,
+                   "modules": entries}
+        try:
+            result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(shipped),
+                                                "SGLANG_CRASH_ON_JIT_COMPILE": "1"}, "check-sglang")
+        finally:
+            for dirpath, dirnames, filenames in os.walk(shipped):
+                os.chmod(dirpath, 0o755)
+        _report_errors(result, modules_file, stack, len(entries), "check-sglang",
+                       "rebuild the cache (build-sglang) from the same trees and toolchain")
+        if result["fingerprint"] != manifest["environment_fingerprint"] or result["target"] != target:
+            raise UserError(f"check-sglang: the runtime keys on {result['target']} with environment "
+                            f"{result['fingerprint']}, the cache was built for {manifest['target']} "
+                            f"{manifest['environment_fingerprint']}; rebuild it")
+        leaves = {m["module"]: m["leaf"] for m in manifest["modules"]}
+        failed = 0
+        for m in result["modules"]:
+            rel = os.path.relpath(m["leaf"], shipped) if m["leaf"] != "None" else None
+            rel_leaf = str(Path(rel).parent) if rel else None
+            if rel_leaf != leaves.get(m["module"]):
+                print(f"jit_cache: {m['call']}: SGLang looked up {m['module']} and found "
+                      f"{rel_leaf}, the manifest ships {leaves.get(m['module'])}", file=sys.stderr)
+                failed += 1
+                continue
+            log(f"hit {target}/{m['module']} -> {rel_leaf} (loaded: {m['loaded']})")
+    if failed:
+        raise UserError(f"check-sglang: {failed} module(s) missed; rebuild the cache")
+    log(f"{len(result['modules'])} of {len(entries)} module(s) found and loaded by SGLang's own "
+        f"loader with no compiler reachable ({target})")
+    return 0
+
+
+def _fixed(path: str, prefix_maps: Sequence[Sequence[str]]) -> str:
+    for real, fixed in prefix_maps:
+        if path == real or path.startswith(real + "/"):
+            return (fixed or "") + path[len(real):]
+    return path
+
+
+def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc: Any,
+              prefix_maps: Sequence[Sequence[str]]) -> dict[str, Any]:
+    modules = []
+    for m in result["modules"]:
+        so = Path(m["so"])
+        rel = so.relative_to(cache_dir)
+        modules.append({
+            "call": m["call"],
+            "args": m["args"],
+            "module": m["module"],
+            "module_args": m["module_args"],
+            "build_key": m["build_key"],
+            "leaf": str(rel.parent),
+            "so_sha256": sha256_file(so),
+            "dependencies": len(m["dependencies"]),
+            "toolchain_dependencies": sorted({_fixed(p, prefix_maps) for p in m["toolchain_dependencies"]}),
+        })
+    modules.sort(key=lambda m: (m["module"], m["build_key"]))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "description": "SGLang JIT modules built ahead of time by tools/jit_cache (python3 -m "
+                       "tools.jit_cache build-sglang), laid out as $SGLANG_JIT_CACHE_DIR: SGLang's "
+                       "own load_jit computed every key in the image's installed tree with no "
+                       "compiler reachable (as in the image); the pinned toolchain compiled them.",
+        "stack": stack,
+        "arch": arch,
+        "target": result["target"],
+        "environment_fingerprint": result["fingerprint"],
+        "toolchain": tc.identity(),
+        "modules": modules,
+    }

@@ -1,0 +1,296 @@
+"""Builds SGLang JIT modules ahead of time *through SGLang's own `load_jit`*, inside the image's
+Python (Debian's python3.11 with the image's installed site-packages trees), on a machine with no
+GPU. Run by tools/jit_cache/sglang_aot.py, never by hand; it imports nothing of tools/ (it runs
+under another interpreter than the tools).
+
+Why SGLang's own code computes everything: a leaf under
+`$SGLANG_JIT_CACHE_DIR/<target>/<module>/build-<build_key>/deps-<deps_key>/` is a hit only when
+the key the runtime computes equals it. The keys here are computed by the same functions, with the
+same module arguments (the kernel's own `_jit_*_module` function is called), in the image's
+installed tree, with what the runtime has and lacks:
+
+  - the GPU: torch.cuda answers as the target device (capability, name); nothing else is faked;
+  - the compilers: the image has none (no nvcc, no c++ on PATH, CUDA_HOME unset), so SGLang
+    fingerprints both as "unknown" and resolves the toolkit to /usr/local/cuda, as a container of
+    the image does; the key's build file is the one the runtime would generate.
+
+Only the compile itself is redirected (ninja.build): it runs the same spec with the pinned
+toolchain (nvcc and g++-12 given by the caller) and flags that make the bytes independent of where
+the build ran (prefix maps, cudafe's source name, a fixed random seed, nvcc's temp names zeroed);
+none of them changes generated code. The leaf's dependency list (sgl_deps.json, which the runtime
+re-hashes) keeps the files the image ships (SGLang's kernel headers, tvm-ffi's, FlashInfer's, the
+NVIDIA wheels'); the toolchain's own headers are not in the image, so listing them would make
+every leaf a miss there: they are pinned by the build instead and reported to the caller.
+
+Request (argv[1], JSON): {"capability": [12, 0], "device_name": str, "modules": [{"call":
+"pkg.mod:function", "args": [...]}], "compile_env": {...}, "nvcc": path, "cxx": path,
+"cuda_home": path, "prefix_maps": [[real, fixed], ...], "result": path}.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import re
+import stat
+import sys
+import traceback
+
+# What a dependency may be anchored to and still be found in the image (SGLang's anchor tokens).
+IMAGE_ANCHORS = ("kernels", "tvm_ffi", "pkg:flashinfer", "pkg:deep_gemm", "pkg:nvidia", "sitepkgs")
+
+
+def fake_device(capability, name):
+    """torch.cuda as the target device would answer the questions load_jit's callers ask."""
+    import torch
+
+    major, minor = capability
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    torch.cuda.get_device_name = lambda device=None: name
+
+
+def decode_arg(value):
+    import torch
+
+    if isinstance(value, dict) and set(value) == {"dtype"}:
+        dtype = getattr(torch, value["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown torch dtype {value['dtype']!r}")
+        return dtype
+    return value
+
+
+NVCC_WRAPPER = """#!/bin/sh
+# nvcc, then nvcc's temp-file name (tmpxft_<pid>_) zeroed in the object it wrote: the name lands
+# in local symbol names, and the link's build-id is taken over the objects.
+"{nvcc}" "$@" || exit $?
+out=""
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "-o" ]; then out="$a"; fi
+  prev="$a"
+done
+[ -n "$out" ] && exec "{python}" "{me}" --zero-temp-names "$out"
+"""
+
+
+def zero_temp_names(path):
+    data = pathlib.Path(path).read_bytes()
+    fixed = re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_00000000_", data)
+    if fixed != data:
+        pathlib.Path(path).write_bytes(fixed)
+
+
+def unreachable_compilers_violated(toolchain):
+    """The keys must be the image's: no compiler there. A compiler this process can reach (a
+    machine's /usr/local/cuda, a c++ on PATH) would go into every key's fingerprint."""
+    import shutil
+
+    found = [p for p in (toolchain.device_compiler_path(),) if os.path.exists(p)]
+    host = shutil.which(toolchain.host_compiler_path())
+    if host:
+        found.append(host)
+    if not found:
+        return ""
+    return (f"a compiler is reachable where the keys are computed ({', '.join(found)}), none is in "
+            "the image; build through Bazel (tools/bazel build //jit_cache:sglang_jit_12_0f: its "
+            "sealed root has no CUDA and the worker's PATH no compiler)")
+
+
+def check(request):
+    """SGLang as the image runs it, no compiler reachable and SGLANG_CRASH_ON_JIT_COMPILE=1 (set
+    by the caller): each listed module function must find its leaf and load it (tvm-ffi's
+    dlopen of the .so, every symbol bound)."""
+    fake_device(tuple(request["capability"]), request["device_name"])
+    from sglang.kernels.jit.utils.compile import cache, loader, toolchain
+
+    result = {"modules": [], "errors": []}
+    reachable = unreachable_compilers_violated(toolchain)
+    if reachable:
+        result["fatal"] = reachable
+        pathlib.Path(request["result"]).write_text(json.dumps(result))
+        return 0
+    found = {}
+    original_find = loader._find_prebuilt
+
+    def record(*, spec, scope):
+        leaf = original_find(spec=spec, scope=scope)
+        found["module"], found["scope"], found["leaf"] = spec.module_name, str(scope), leaf
+        return leaf
+
+    loader._find_prebuilt = record
+    for entry in request["modules"]:
+        found.clear()
+        module_path, _, function_name = entry["call"].partition(":")
+        try:
+            function = getattr(importlib.import_module(module_path), function_name)
+            module = function(*[decode_arg(a) for a in entry.get("args", [])])
+            names = sorted(str(n) for n in getattr(module, "keys", lambda: [])()) if hasattr(module, "keys") else []
+        except Exception as e:
+            result["errors"].append({"call": entry["call"], "args": entry.get("args", []),
+                                     "error": f"{type(e).__name__}: {e}".strip().splitlines()[0],
+                                     "scope": found.get("scope")})
+            continue
+        result["modules"].append({"call": entry["call"], "module": found.get("module"),
+                                  "leaf": str(found.get("leaf")), "loaded": type(module).__name__,
+                                  "functions": names})
+    result["target"] = cache._target_tag()
+    result["fingerprint"] = cache._environment_fingerprint()
+    pathlib.Path(request["result"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+def main(request_path):
+    request = json.loads(pathlib.Path(request_path).read_text())
+    if request.get("mode") == "check":
+        return check(request)
+    result = {"modules": [], "errors": []}
+    fake_device(tuple(request["capability"]), request["device_name"])
+
+    from sglang.kernels.jit.utils.compile import cache, loader, ninja, toolchain
+
+    reachable = unreachable_compilers_violated(toolchain)
+    if reachable:
+        result["fatal"] = reachable
+        pathlib.Path(request["result"]).write_text(json.dumps(result))
+        return 0
+
+    scratch = pathlib.Path(request["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    nvcc_wrapper = scratch / "nvcc"
+    nvcc_wrapper.write_text(NVCC_WRAPPER.format(nvcc=request["nvcc"], python=sys.executable,
+                                                me=os.path.abspath(__file__)))
+    nvcc_wrapper.chmod(nvcc_wrapper.stat().st_mode | stat.S_IXUSR)
+    maps = [tuple(m) for m in request["prefix_maps"]]
+
+    current = {}
+    original_build = ninja.build
+    original_scan = ninja.scan_dependencies
+    original_compute = cache.compute_build_key
+    original_commit = cache.commit_build
+
+    def record_key(spec, *, build_file):
+        key = original_compute(spec, build_file=build_file)
+        current.update(spec=spec, build_key=key, key_build_file=build_file)
+        return key
+
+    def toolchain_build_file(spec, build_dir):
+        """The same spec's build file for the pinned toolchain (SGLang's generator, its toolchain
+        answers replaced for the duration)."""
+        saved = {n: getattr(toolchain, n) for n in ("compilers", "cuda_home", "base_cuda_flags",
+                                                     "base_cxx_flags")}
+        fixed_build_dir = f"/kimi-k3/sglang-jit/{spec.module_name}"
+        file_maps = maps + [(str(build_dir), fixed_build_dir)]
+        prefix = [f"-ffile-prefix-map={real}={fixed}" for real, fixed in file_maps]
+        seed = f"-frandom-seed={spec.module_name}"
+        cuda_units = [u for u in spec.translation_units() if u.is_cuda]
+        cudafe = []
+        if len(cuda_units) == 1:
+            unit = cuda_units[0]
+            src = unit.filename if unit.source is None else f"{fixed_build_dir}/{unit.filename}"
+            for real, fixed in file_maps:
+                if src == real or src.startswith(real + "/"):
+                    src = fixed + src[len(real):]
+                    break
+            cudafe = ["-Xcudafe", f"--orig_src_path_name={src}"]
+        try:
+            toolchain.compilers = lambda: (request["cxx"], str(nvcc_wrapper))
+            toolchain.cuda_home = lambda: request["cuda_home"]
+            toolchain.base_cuda_flags = lambda: (saved["base_cuda_flags"]() + cudafe +
+                                                 [f"-Xcompiler={f}" for f in prefix + [seed]])
+            toolchain.base_cxx_flags = lambda: saved["base_cxx_flags"]() + prefix + [seed]
+            return ninja.generate(spec)
+        finally:
+            for n, f in saved.items():
+                setattr(toolchain, n, f)
+
+    def build_with_toolchain(*, spec, build_dir, build_file):
+        if build_file != current.get("key_build_file"):
+            raise RuntimeError(f"{spec.module_name}: the build file to compile is not the one the "
+                               "key was taken over")
+        text = toolchain_build_file(spec, build_dir)
+        saved_env = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(request["compile_env"])
+        try:
+            library = original_build(spec=spec, build_dir=build_dir, build_file=text)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_env)
+        current["toolchain_build_file"] = text
+        return library
+
+    def scan_image_dependencies(build_dir):
+        kept, dropped = [], []
+        for path in original_scan(build_dir):
+            resolved = (path if path.is_absolute() else build_dir / path).resolve()
+            if resolved.is_relative_to(build_dir):
+                continue
+            root, rel = cache._normalize_path(resolved)
+            (kept if root in IMAGE_ANCHORS else dropped).append((path, root, rel, str(resolved)))
+        current["kept"] = [(root, rel) for _, root, rel, _ in kept]
+        current["dropped"] = [real for *_, real in dropped]
+        return [path for path, *_ in kept]
+
+    def commit_and_record(spec, **kwargs):
+        published = original_commit(spec, **kwargs)
+        current["published"] = published
+        return published
+
+    cache.compute_build_key = record_key
+    cache.commit_build = commit_and_record
+    ninja.build = build_with_toolchain
+    ninja.scan_dependencies = scan_image_dependencies
+    loader._load = lambda library: library  # no dlopen here: the caller's test loads them
+
+    for entry in request["modules"]:
+        current.clear()
+        module_path, _, function_name = entry["call"].partition(":")
+        try:
+            function = getattr(importlib.import_module(module_path), function_name)
+            args = [decode_arg(a) for a in entry.get("args", [])]
+            function(*args)
+        except Exception as e:  # one entry's failure is reported with its call, not a traceback
+            result["errors"].append({"call": entry["call"], "args": entry.get("args", []),
+                                     "error": f"{type(e).__name__}: {e}".strip(),
+                                     "traceback": traceback.format_exc(limit=6)})
+            continue
+        if current.get("published") is None and "spec" in current:
+            result["errors"].append({"call": entry["call"], "args": entry.get("args", []),
+                                     "error": "SGLang did not publish the build (no usable "
+                                              "dependency list)"})
+            continue
+        if "spec" not in current or "kept" not in current:
+            result["errors"].append({"call": entry["call"], "args": entry.get("args", []),
+                                     "error": "the call did not reach load_jit's build (a "
+                                              "module the runtime would not compile, or one "
+                                              "built twice in the list)"})
+            continue
+        spec = current["spec"]
+        result["modules"].append({
+            "call": entry["call"],
+            "args": entry.get("args", []),
+            "module": spec.module_name,
+            "module_args": list(spec.module_args),
+            "build_key": current["build_key"],
+            "so": str(current["published"]),
+            "dependencies": [list(k) for k in current["kept"]],
+            "toolchain_dependencies": current["dropped"],
+            "key_build_file": current["key_build_file"],
+            "toolchain_build_file": current["toolchain_build_file"],
+        })
+    result["target"] = cache._target_tag()
+    result["fingerprint"] = cache._environment_fingerprint()
+    pathlib.Path(request["result"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--zero-temp-names":
+        zero_temp_names(sys.argv[2])
+        sys.exit(0)
+    sys.exit(main(sys.argv[1]))
