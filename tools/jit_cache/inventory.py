@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
 from tools.common.jsonfmt import loads_unique_keys
@@ -148,7 +148,8 @@ def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mappi
     return out
 
 
-def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str]) -> tuple[str, str]:
+def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str],
+            aot: Mapping[tuple[str, str], list[Any]]) -> tuple[str, str]:
     d = site.details
     if site.kind == "flashinfer":
         module = d.get("kernel_cache_module") or apis.get(site.name)
@@ -159,6 +160,11 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
         return GAP, ("FlashInfer API not mapped to a kernel-cache module in jit_cache/reach.json: whether it "
                      "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined")
     if site.kind == "sglang-jit":
+        if (site.file, site.name) in aot:
+            args = "; ".join(json.dumps(a, sort_keys=True) for a in aot[(site.file, site.name)])
+            return GAP, (f"built ahead of time by //jit_cache:sglang_jit_<arch> for args {args} "
+                         "(jit_cache/sglang_modules.json), not yet shipped in the image; load_jit "
+                         "compiles into $SGLANG_JIT_CACHE_DIR at first call")
         return GAP, "no ahead-of-time build yet: load_jit compiles into $SGLANG_JIT_CACHE_DIR at first call"
     if site.kind == "triton":
         tune = d.get("autotune")
@@ -196,12 +202,17 @@ def validate_reach(reach: Any, where: str) -> None:
 
 def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach: Mapping[str, Any],
                     facts: Mapping[str, Any], needs: Mapping[str, Any], plan: Mapping[str, Any],
-                    plan_name: str) -> dict[str, Any]:
+                    plan_name: str, aot_modules: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     validate_reach(reach, "jit_cache/reach.json")
     modules = tree.modules
     archs = model_modules(tree, reach["models_dir"])
     shipped = {m if isinstance(m, str) else m["name"]: plan_name for m in plan.get("modules", [])}
     apis = reach["flashinfer_apis"]
+    # SGLang JIT modules built ahead of time (jit_cache/sglang_modules.json): (file, function) -> args.
+    aot: dict[tuple[str, str], list[Any]] = {}
+    for entry in aot_modules:
+        module, _, function = entry["call"].partition(":")
+        aot.setdefault((module.replace(".", "/") + ".py", function), []).append(entry.get("args", []))
 
     # Every site of the tree (the check's "gains a site" compares these ids).
     sites: dict[str, Site] = {}
@@ -263,7 +274,7 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
         counts[site.kind]["total"] += 1
         if site_id not in reached_by:
             continue
-        status, reason = _reason(site, shipped, plan_name, apis)
+        status, reason = _reason(site, shipped, plan_name, apis, aot)
         counts[site.kind]["reached"] += 1
         counts[site.kind][status] += 1
         tier = "startup" if site_id in startup_sites else "lazy"

@@ -210,6 +210,24 @@ def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None
     validate_inventory(inventory, "fixture")
 
 
+def test_a_module_built_ahead_is_named_in_its_sites_reason(tmp_path: Path) -> None:
+    """A load_jit site listed in sglang_modules.json says so (and stays a gap until the image
+    ships the build); other sites and other stacks' entries are untouched."""
+    paths = write_fixture(tmp_path)
+    modules = tmp_path / "sglang_modules.json"
+    modules.write_text(json.dumps({"stacks": {"toy": [
+        {"call": "sglang.kernels.toy_kernels:toy_module", "args": [{"dtype": "bfloat16"}], "why": "the toy model"}]}}))
+    out = tmp_path / "inventory.json"
+    assert cli.main(inventory_args(paths, out) + ["--sglang-modules", str(modules)]) == 0
+    site = json.loads(out.read_text())["sites"]["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]
+    assert site["status"] == "gap"
+    assert 'built ahead of time by //jit_cache:sglang_jit_<arch> for args [{"dtype": "bfloat16"}]' in site["reason"]
+    out2 = tmp_path / "inventory2.json"
+    assert cli.main(inventory_args(paths, out2, stack="other") + ["--sglang-modules", str(modules)]) == 0
+    other = json.loads(out2.read_text())["sites"]["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]
+    assert "built ahead" not in other["reason"]
+
+
 def test_check_refuses_a_new_kernel_naming_it(built: tuple[dict[str, Path], dict], tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     paths, inventory = built

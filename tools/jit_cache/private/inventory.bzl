@@ -13,6 +13,7 @@ _INPUTS = {
     "--backend-needs": "//image:backend_needs.json",
     "--facts": "//jit_cache:checkpoint_facts.json",
     "--reach": "//jit_cache:reach.json",
+    "--sglang-modules": "//jit_cache:sglang_modules.json",
 }
 
 def _stack_config_impl(_settings, attr):
@@ -41,6 +42,7 @@ def _inventory_impl(ctx):
         "--backend-needs=" + ctx.file.backend_needs.path,
         "--facts=" + ctx.file.facts.path,
         "--reach=" + ctx.file.reach.path,
+        "--sglang-modules=" + ctx.file.sglang_modules.path,
         "--out=" + out.path,
     ]
     ctx.actions.run_shell(
@@ -50,7 +52,7 @@ export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 PATH=/usr/bin:/bin:/usr/local
 """,
         arguments = args,
         inputs = depset(
-            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.reach],
+            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.reach, ctx.file.sglang_modules],
             transitive = [ctx.attr._tool[DefaultInfo].default_runfiles.files],
         ),
         outputs = [out],
@@ -71,6 +73,7 @@ jit_cache_inventory = rule(
         "backend_needs": attr.label(default = _INPUTS["--backend-needs"], allow_single_file = True),
         "facts": attr.label(default = _INPUTS["--facts"], allow_single_file = True),
         "reach": attr.label(default = _INPUTS["--reach"], allow_single_file = True),
+        "sglang_modules": attr.label(default = _INPUTS["--sglang-modules"], allow_single_file = True),
         "_tool": attr.label(default = "//tools/jit_cache"),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
