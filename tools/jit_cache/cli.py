@@ -29,6 +29,7 @@ from tools.common.cliargs import named_paths
 from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
+from tools.jit_cache.sglang_aot import add_sglang_commands
 from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_json, validate_inventory
 from tools.jit_cache.tree import gated_tree, tree_from_dir
 
@@ -113,17 +114,6 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_build_sglang(args: argparse.Namespace) -> int:
-    from tools.jit_cache.sglang_aot import build_sglang
-    return build_sglang(args.stack, args.arch, args.modules, args.base_tar, args.site_tree,
-                        args.cuda_home, args.userland, args.out)
-
-
-def cmd_check_sglang(args: argparse.Namespace) -> int:
-    from tools.jit_cache.sglang_aot import check_sglang
-    return check_sglang(args.stack, args.arch, args.modules, args.base_tar, args.site_tree, args.cache)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m tools.jit_cache", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,25 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--built", action="append", default=[], required=True, metavar="STACK=FILE")
         p.add_argument("--inventory-dir", type=Path, default=Path("jit_cache"))
         p.set_defaults(func=func)
-    bs = sub.add_parser("build-sglang", help="SGLang JIT modules ahead of time, in SGLang's cache layout")
-    bs.add_argument("--stack", required=True)
-    bs.add_argument("--arch", required=True, help="12.0f (the image) or 9.0a (the H200 proof)")
-    bs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
-    bs.add_argument("--base-tar", type=Path, required=True, help="the image's Debian rootfs tar (its python3.11)")
-    bs.add_argument("--site-tree", type=Path, action="append", required=True,
-                    help="an image layer's installed tree (rooted at /); repeat, bottom layer first")
-    bs.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda)")
-    bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
-    bs.add_argument("--out", type=Path, required=True)
-    bs.set_defaults(func=cmd_build_sglang)
-    cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
-    for flag in ("--stack", "--arch"):
-        cs.add_argument(flag, required=True)
-    cs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
-    cs.add_argument("--base-tar", type=Path, required=True)
-    cs.add_argument("--site-tree", type=Path, action="append", required=True)
-    cs.add_argument("--cache", type=Path, required=True, help="build-sglang's output")
-    cs.set_defaults(func=cmd_check_sglang)
+    add_sglang_commands(sub)
     return parser
 
 

@@ -1,6 +1,6 @@
 """SGLang's JIT modules built ahead of time, in SGLang's own cache layout (issue #27, deliverable 2).
 
-    python3 -m tools.jit_cache build-sglang --stack S --arch 12.0f|9.0a --modules FILE
+    python3 -m tools.jit_cache[.sglang_aot] build-sglang --stack S --arch 12.0f|9.0a --modules FILE
         --base-tar BASE.tar --site-tree DIR... --cuda-home C --userland U --out OUT
 
 OUT holds `<target>/<module>/build-<build_key>/deps-<deps_key>/{sgl_deps.json,<module>.so}` (what
@@ -18,6 +18,7 @@ per entry and leaves OUT as it was.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tools.common.errors import UserError
+from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys, review_json
@@ -372,3 +373,41 @@ def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc
         "toolchain": tc.identity(),
         "modules": modules,
     }
+
+
+def add_sglang_commands(sub: Any) -> None:
+    """build-sglang and check-sglang, for `python3 -m tools.jit_cache` and this module's own
+    entry point (what the Bazel actions run: their tool inputs are this module and the worker,
+    so an edit to the inventory code does not rebuild the modules)."""
+    bs = sub.add_parser("build-sglang", help="SGLang JIT modules ahead of time, in SGLang's cache layout")
+    bs.add_argument("--stack", required=True)
+    bs.add_argument("--arch", required=True, help="12.0f (the image) or 9.0a (the H200 proof)")
+    bs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
+    bs.add_argument("--base-tar", type=Path, required=True, help="the image's Debian rootfs tar (its python3.11)")
+    bs.add_argument("--site-tree", type=Path, action="append", required=True,
+                    help="an image layer's installed tree (rooted at /); repeat, bottom layer first")
+    bs.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda)")
+    bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
+    bs.add_argument("--out", type=Path, required=True)
+    bs.set_defaults(func=lambda a: build_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
+                                                a.cuda_home, a.userland, a.out))
+    cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
+    for flag in ("--stack", "--arch"):
+        cs.add_argument(flag, required=True)
+    cs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
+    cs.add_argument("--base-tar", type=Path, required=True)
+    cs.add_argument("--site-tree", type=Path, action="append", required=True)
+    cs.add_argument("--cache", type=Path, required=True, help="build-sglang's output")
+    cs.set_defaults(func=lambda a: check_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree, a.cache))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tools.jit_cache.sglang_aot",
+                                     description="SGLang JIT modules ahead of time")
+    add_sglang_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

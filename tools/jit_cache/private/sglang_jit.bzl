@@ -32,7 +32,7 @@ def _sglang_jit_cache_impl(ctx):
     # sources), the output is a few MB.
     ctx.actions.run(
         executable = py.interpreter_path,
-        arguments = ["-m", "tools.jit_cache", args],
+        arguments = ["-m", "tools.jit_cache.sglang_aot", args],
         inputs = depset(
             tars + trees + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
             transitive = [
@@ -64,7 +64,7 @@ sglang_jit_cache = rule(
         "stack": attr.string(mandatory = True),
         "modules": attr.label(allow_single_file = [".json"], mandatory = True),
         "layers": attr.label_list(providers = [LayerInfo], mandatory = True, doc = "the image's layers below SGLang's own, and SGLang's: base first"),
-        "_tool": attr.label(default = "//tools/jit_cache:jit_cache"),
+        "_tool": attr.label(default = "//tools/jit_cache:sglang_aot"),
         "_cuda": attr.label(default = "@kimi_cuda//:root"),
         "_cuda_identity": attr.label(allow_single_file = True, default = "@kimi_cuda//:identity"),
         "_userland": attr.label(default = "@kimi_cxx_userland//:root"),
