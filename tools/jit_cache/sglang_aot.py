@@ -1,7 +1,8 @@
 """SGLang's JIT modules built ahead of time, in SGLang's own cache layout (issue #27, deliverable 2).
 
     python3 -m tools.jit_cache[.sglang_aot] build-sglang --stack S --arch 12.0f|9.0a --modules FILE
-        --base-tar BASE.tar --site-tree DIR... --cuda-home C --userland U --out OUT
+        --base-tar BASE.tar --site-tree DIR... --site-packages /usr/local/lib/python3.X/dist-packages
+        --cuda-home C --userland U --out OUT
 
 OUT holds `<target>/<module>/build-<build_key>/deps-<deps_key>/{sgl_deps.json,<module>.so}` (what
 `$SGLANG_JIT_CACHE_DIR` holds after SGLang built them itself) and `kimi-k3-sglang-jit.json`, the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,8 +39,6 @@ from tools.common.jsonfmt import loads_unique_keys, review_json
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 MANIFEST = "kimi-k3-sglang-jit.json"
-IMAGE_SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
-IMAGE_PYTHON = "usr/bin/python3.11"
 # arch -> (capability torch reports, device name, SGLang's cache target directory)
 ARCHS = {
     "12.0f": ((12, 0), "NVIDIA RTX PRO 6000 Blackwell Server Edition", "sm120f"),
@@ -87,51 +87,63 @@ def load_modules(path: Path, stack: str) -> list[dict[str, Any]]:
     return entries
 
 
-def extract_interpreter(base_tar: Path, root: Path) -> Path:
-    """Debian's python3.11 and its standard library out of the base rootfs tar (nothing else of
+def image_python(site_packages: str) -> str:
+    """The interpreter (relative to /) that owns SITE_PACKAGES (/usr/local/lib/pythonX.Y/...)."""
+    version = next((part for part in Path(site_packages).parts if re.fullmatch(r"python3\.\d+", part)), None)
+    if version is None:
+        raise UserError(f"--site-packages {site_packages}: names no pythonX.Y directory; pass the "
+                        "image's site-packages (image/constants.bzl SITE_PACKAGES)")
+    return f"usr/bin/{version}"
+
+
+def extract_interpreter(base_tar: Path, root: Path, python_rel: str) -> Path:
+    """The image's python3.X and its standard library out of the base rootfs tar (nothing else of
     it: the running system's glibc stays the one loaded)."""
-    wanted = (IMAGE_PYTHON, "usr/lib/python3.11/")
+    stdlib = f"usr/lib/{Path(python_rel).name}/"
     try:
         with tarfile.open(base_tar) as tar:
             members = [m for m in tar.getmembers()
-                       if (m.name.lstrip("./") == IMAGE_PYTHON or
-                           m.name.lstrip("./").startswith(wanted[1])) and (m.isfile() or m.isdir()
-                                                                           or m.issym())]
+                       if (m.name.lstrip("./") == python_rel or m.name.lstrip("./").startswith(stdlib))
+                       and (m.isfile() or m.isdir() or m.issym())]
             tar.extractall(root, members=members, filter="tar")
     except (OSError, tarfile.TarError) as e:
         raise UserError(f"--base-tar {base_tar}: cannot read the base rootfs tar ({e}); rebuild "
                         "//image:debian_rootfs") from None
-    python = root / IMAGE_PYTHON
+    python = root / python_rel
     if not python.is_file():
-        raise UserError(f"--base-tar {base_tar}: holds no /{IMAGE_PYTHON}; the image's base must "
-                        "be Debian set image-base (python3.11, the wheels' ABI)")
+        raise UserError(f"--base-tar {base_tar}: holds no /{python_rel}; the image's base must "
+                        "be Debian set image-base (the wheels' Python)")
     return python
 
 
-def merge_site_trees(trees: Sequence[Path], site: Path) -> None:
-    """One site-packages of links to the layers' installed trees (each rooted at /), as the
-    image's overlay merges them; a directory in several trees (a namespace package) is merged
-    entry by entry."""
-    site.mkdir(parents=True, exist_ok=True)
-
+def merge_site_trees(trees: Sequence[Path], site_rel: str, site: Path) -> None:
+    """One site-packages of links to the layers' installed trees (each rooted at /), merged as the
+    image's overlay merges them: directories in several trees (namespace packages) merge entry by
+    entry, and a file of a later (upper) tree replaces an earlier one."""
     def merge(src: Path, dest: Path) -> None:
         for entry in sorted(os.listdir(src)):
             s, d = src / entry, dest / entry
-            if d.is_symlink() and d.is_dir() and s.is_dir() and not s.is_symlink():
-                first = Path(os.readlink(d))
-                d.unlink()
-                d.mkdir()
-                merge(first, d)
+            if s.is_dir() and d.is_dir():
+                if d.is_symlink():  # a lower tree's directory: make it a real one, then merge
+                    lower = Path(os.readlink(d))
+                    d.unlink()
+                    d.mkdir()
+                    merge(lower, d)
                 merge(s, d)
-            elif d.is_dir() and not d.is_symlink() and s.is_dir():
-                merge(s, d)
-            elif not d.exists() and not d.is_symlink():
-                os.symlink(s.resolve() if s.is_symlink() and s.is_dir() else s, d)
+                continue
+            if d.is_symlink() or d.exists():
+                if d.is_dir() and not d.is_symlink():
+                    shutil.rmtree(d)
+                else:
+                    d.unlink()
+            os.symlink(s, d)
+
+    site.mkdir(parents=True, exist_ok=True)
     for tree in trees:
-        src = tree / IMAGE_SITE_PACKAGES
+        src = tree / site_rel
         if not src.is_dir():
-            raise UserError(f"--site-tree {tree}: no {IMAGE_SITE_PACKAGES} in it; pass the "
-                            "layers' installed trees (rooted at /)")
+            raise UserError(f"--site-tree {tree}: no /{site_rel} in it; pass the layers' installed "
+                            "trees (rooted at /)")
         merge(src, site)
 
 
@@ -155,7 +167,8 @@ class ImagePython:
     """The image's interpreter over the image's installed site-packages, in a scratch directory,
     with the image's environment for SGLang (no compiler reachable, CUDA_HOME unset)."""
 
-    def __init__(self, scratch: Path, base_tar: Path, site_trees: Sequence[Path], arch: str):
+    def __init__(self, scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packages: str,
+                 arch: str):
         self.scratch = scratch
         # Where the trees' files really are: in a Bazel sandbox a tree is a forest of links into
         # the output base, and SGLang anchors every path it keys or records by its resolved
@@ -163,9 +176,10 @@ class ImagePython:
         from tools.kernel_cache.toolchain import real_roots
         self.site_trees = [Path(real_roots(Path(os.path.abspath(t)))[-1]) for t in site_trees]
         root = scratch / "root"
-        self.python = extract_interpreter(base_tar, root)
-        self.site = root / IMAGE_SITE_PACKAGES
-        merge_site_trees(self.site_trees, self.site)
+        self.site_rel = site_packages.strip("/")
+        self.python = extract_interpreter(base_tar, root, image_python(site_packages))
+        self.site = root / self.site_rel
+        merge_site_trees(self.site_trees, self.site_rel, self.site)
         no_tools = scratch / "no-compilers"
         no_tools.mkdir()
         self.env = {
@@ -215,8 +229,8 @@ def _report_errors(result: dict[str, Any], modules_file: Path, stack: str, total
                     f"failed (one line each above); {fix}")
 
 
-def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
-                 site_trees: Sequence[Path], cuda_home: str, userland: str, out: Path) -> int:
+def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site_trees: Sequence[Path],
+                 site_packages: str, cuda_home: str, userland: str, out: Path) -> int:
     from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, real_roots
 
     capability, device_name, target = _arch(arch)
@@ -224,7 +238,7 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-jit-") as scratch_dir:
         scratch = Path(scratch_dir)
-        image = ImagePython(scratch, base_tar, site_trees, arch)
+        image = ImagePython(scratch, base_tar, site_trees, site_packages, arch)
         site, site_trees = image.site, image.site_trees
         tc = load_toolchain(cuda_home, userland, str(_tvm_ffi_identity(site, scratch / "tvm-ffi")))
         wrappers, _ = _userland_shims(tc.userland) if tc.userland else (None, None)
@@ -234,10 +248,10 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
             raise UserError("--site-tree: the stack's ninja wheel (/usr/local/bin/ninja) is not in "
                             "the trees; SGLang's load_jit builds through it")
         compile_env["PATH"] = os.pathsep.join([str(found[0]), compile_env["PATH"]])
-        image_site = "/" + IMAGE_SITE_PACKAGES
+        image_site = "/" + image.site_rel
         prefix_maps = [list(m) for m in tc.prefix_maps()]
         for tree in site_trees:
-            for real in real_roots(tree / IMAGE_SITE_PACKAGES):
+            for real in real_roots(tree / image.site_rel):
                 prefix_maps.append([real, image_site])
         prefix_maps.append([str(site), image_site])
         # Longest first: a tree's real root may lie under another mapped directory.
@@ -279,7 +293,7 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
 
 
 def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
-                 site_trees: Sequence[Path], cache: Path) -> int:
+                 site_trees: Sequence[Path], site_packages: str, cache: Path) -> int:
     """SGLang's own loader, in the image's tree with no compiler reachable and
     SGLANG_CRASH_ON_JIT_COMPILE=1, over a read-only copy of CACHE: every listed module must be a
     hit on the manifest's leaf and load (tvm-ffi's dlopen). One line per module; exit 1 on a miss."""
@@ -296,7 +310,7 @@ def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
                         f"{manifest.get('arch')}, not {stack} {arch}")
     with tempfile.TemporaryDirectory(prefix="sglang-jit-check-") as scratch_dir:
         scratch = Path(scratch_dir)
-        image = ImagePython(scratch, base_tar, site_trees, arch)
+        image = ImagePython(scratch, base_tar, site_trees, site_packages, arch)
         shipped = scratch / "shipped"
         shutil.copytree(cache, shipped)
         for dirpath, dirnames, filenames in os.walk(shipped):
@@ -386,19 +400,22 @@ def add_sglang_commands(sub: Any) -> None:
     bs.add_argument("--base-tar", type=Path, required=True, help="the image's Debian rootfs tar (its python3.11)")
     bs.add_argument("--site-tree", type=Path, action="append", required=True,
                     help="an image layer's installed tree (rooted at /); repeat, bottom layer first")
+    bs.add_argument("--site-packages", required=True, help="the image's site-packages (image/constants.bzl SITE_PACKAGES)")
     bs.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda)")
     bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
     bs.add_argument("--out", type=Path, required=True)
     bs.set_defaults(func=lambda a: build_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
-                                                a.cuda_home, a.userland, a.out))
+                                                a.site_packages, a.cuda_home, a.userland, a.out))
     cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
     for flag in ("--stack", "--arch"):
         cs.add_argument(flag, required=True)
     cs.add_argument("--modules", type=Path, default=Path("jit_cache/sglang_modules.json"))
     cs.add_argument("--base-tar", type=Path, required=True)
     cs.add_argument("--site-tree", type=Path, action="append", required=True)
+    cs.add_argument("--site-packages", required=True, help="the image's site-packages (image/constants.bzl SITE_PACKAGES)")
     cs.add_argument("--cache", type=Path, required=True, help="build-sglang's output")
-    cs.set_defaults(func=lambda a: check_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree, a.cache))
+    cs.set_defaults(func=lambda a: check_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
+                                                a.site_packages, a.cache))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

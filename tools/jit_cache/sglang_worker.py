@@ -79,6 +79,8 @@ done
 
 
 def zero_temp_names(path):
+    # The same rule as tools/kernel_cache/actions.py zero_nvcc_temp_names; a copy because this
+    # file runs under the image's interpreter and imports nothing of tools/.
     data = pathlib.Path(path).read_bytes()
     fixed = re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_00000000_", data)
     if fixed != data:
@@ -129,15 +131,13 @@ def check(request):
         try:
             function = getattr(importlib.import_module(module_path), function_name)
             module = function(*[decode_arg(a) for a in entry.get("args", [])])
-            names = sorted(str(n) for n in getattr(module, "keys", lambda: [])()) if hasattr(module, "keys") else []
         except Exception as e:
             result["errors"].append({"call": entry["call"], "args": entry.get("args", []),
                                      "error": f"{type(e).__name__}: {e}".strip().splitlines()[0],
                                      "scope": found.get("scope")})
             continue
         result["modules"].append({"call": entry["call"], "module": found.get("module"),
-                                  "leaf": str(found.get("leaf")), "loaded": type(module).__name__,
-                                  "functions": names})
+                                  "leaf": str(found.get("leaf")), "loaded": type(module).__name__})
     result["target"] = cache._target_tag()
     result["fingerprint"] = cache._environment_fingerprint()
     pathlib.Path(request["result"]).write_text(json.dumps(result, indent=1, sort_keys=True))

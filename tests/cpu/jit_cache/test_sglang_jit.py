@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tools.common.errors import UserError
+from tools.common.hashing import sha256_file
 from tools.jit_cache import sglang_aot
 
 STACK = "pypi"
@@ -43,7 +44,7 @@ def _image_inputs() -> tuple[Path, list[Path]]:
 
 def _check(arch: str, cache: Path) -> int:
     base, trees = _image_inputs()
-    return sglang_aot.check_sglang(STACK, arch, MODULES, base, trees, cache)
+    return sglang_aot.check_sglang(STACK, arch, MODULES, base, trees, os.environ["KIMI_IMAGE_SITE_PACKAGES"], cache)
 
 
 @pytest.mark.parametrize("arch", ["12.0f", "9.0a"])
@@ -68,7 +69,6 @@ def test_the_shipped_tree_is_the_manifest(arch: str) -> None:
     assert files == expected
     for m in manifest["modules"]:
         so = cache / m["leaf"] / (m["module"] + ".so")
-        from tools.common.hashing import sha256_file
         assert sha256_file(so) == m["so_sha256"]
         deps = json.loads((cache / m["leaf"] / "sgl_deps.json").read_text())
         # Only files the image ships are listed (SGLang re-hashes each at every lookup).
@@ -122,9 +122,30 @@ def test_module_list_mistakes_are_one_line(tmp_path: Path, text: str, message: s
         sglang_aot.load_modules(path, STACK)
 
 
+def test_site_packages_name_the_interpreter() -> None:
+    assert sglang_aot.image_python("/usr/local/lib/python3.11/dist-packages") == "usr/bin/python3.11"
+    with pytest.raises(UserError, match="names no pythonX.Y directory"):
+        sglang_aot.image_python("/opt/site")
+
+
+def test_a_later_tree_wins_as_in_the_overlay(tmp_path: Path) -> None:
+    site_rel = "usr/local/lib/python3.11/dist-packages"
+    lower, upper = tmp_path / "lower", tmp_path / "upper"
+    for tree, text in ((lower, "lower"), (upper, "upper")):
+        (tree / site_rel / "nvidia" / tree.name).mkdir(parents=True)
+        (tree / site_rel / "same.py").write_text(text)
+    site = tmp_path / "site"
+    sglang_aot.merge_site_trees([lower, upper], site_rel, site)
+    assert (site / "same.py").read_text() == "upper"
+    assert sorted(os.listdir(site / "nvidia")) == ["lower", "upper"]
+    with pytest.raises(UserError, match="no /usr/local/lib/python3.11/dist-packages in it"):
+        sglang_aot.merge_site_trees([tmp_path / "missing"], site_rel, tmp_path / "site2")
+
+
 def test_unknown_arch_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"--arch 8.0: not one of 12.0f, 9.0a"):
-        sglang_aot.build_sglang(STACK, "8.0", MODULES, tmp_path / "base.tar", [], "", "", tmp_path / "out")
+        sglang_aot.build_sglang(STACK, "8.0", MODULES, tmp_path / "base.tar", [], "/usr/local/lib/python3.11/dist-packages",
+                                "", "", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -1,6 +1,7 @@
 """sglang_jit_cache: SGLang's JIT modules built ahead of time in SGLang's cache layout (see
 //tools/jit_cache:defs.bzl)."""
 
+load("//image:constants.bzl", "SITE_PACKAGES")
 load("//tools/image/private:providers.bzl", "LayerInfo")
 
 def _sglang_jit_cache_impl(ctx):
@@ -23,6 +24,7 @@ def _sglang_jit_cache_impl(ctx):
     args.add("--base-tar", tars[0])
     for tree in trees:
         args.add("--site-tree", tree.path)
+    args.add("--site-packages", SITE_PACKAGES)
     args.add("--cuda-home", ctx.file._cuda_identity.dirname)
     args.add("--userland", ctx.file._userland_identity.dirname)
     args.add("--out", out.path)
