@@ -17,6 +17,11 @@ PROFILES_DIR = "/usr/share/kimi-k3/profiles"
 
 SBOM_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
 
+# SGLang's JIT modules built ahead of time (//jit_cache:sglang_jit_<IMAGE_CUDA_ARCH>), read-only,
+# in SGLang's cache layout with their manifest kimi-k3-sglang-jit.json; the entrypoint links them
+# into the writable $SGLANG_JIT_CACHE_DIR.
+SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
+
 # The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be
 # built for (the kernel-cache layer action refuses any other).
 IMAGE_CUDA_ARCH = "12.0f"

@@ -31,6 +31,12 @@ command instead. tools/image/profiles.py checks each shipped profile with these 
 (`validate`, in the action that builds the image's entrypoint layer, and against the image), so
 what an operator starts is what was checked.
 
+First-use caches: the image ships SGLang's JIT modules built ahead of time, read-only, in
+/usr/share/kimi-k3/sglang-jit (SGLang's cache layout); before it starts SGLang the entrypoint
+links them into the writable $SGLANG_JIT_CACHE_DIR (default $SGLANG_CACHE_DIR/jit, SGLang's own
+~/.cache/sglang/jit when neither is set), where SGLang's load_jit finds them and publishes
+whatever else it builds.
+
 Stdlib only at start: it runs as the image's PID 1 before anything else is imported.
 """
 from __future__ import annotations
@@ -45,6 +51,10 @@ FIX = "#3538"
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # image/constants.bzl PROFILES_DIR (tests/cpu/image checks that the two agree).
 PROFILES_DIR = "/usr/share/kimi-k3/profiles"
+# image/constants.bzl SGLANG_JIT_DIR: SGLang's JIT modules built ahead of time, read-only, in
+# SGLang's cache layout, with their manifest (tools/jit_cache/sglang_aot.py MANIFEST).
+SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
+SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
@@ -312,6 +322,73 @@ def profile_command(args: Sequence[str], env: Mapping[str, str]) -> str:
     return shlex.join(["env", *(f"{k}={v}" for k, v in sorted(env.items())), "kimi-k3-entrypoint", *args])
 
 
+class CacheError(Exception):
+    """A first-use cache the entrypoint cannot set up: one line naming the variable and the fix."""
+
+
+def sglang_jit_cache_dir(env: Mapping[str, str]) -> str:
+    """Where SGLang's load_jit looks up and publishes builds: $SGLANG_JIT_CACHE_DIR, else
+    $SGLANG_CACHE_DIR/jit (SGLang's own default, ~/.cache/sglang/jit, when neither is set)."""
+    if env.get("SGLANG_JIT_CACHE_DIR"):
+        return os.path.expanduser(env["SGLANG_JIT_CACHE_DIR"])
+    return os.path.join(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"), "jit")
+
+
+def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) -> int:
+    """Link every leaf the image ships (read-only) into the writable SGLang JIT cache and set
+    SGLANG_JIT_CACHE_DIR to it; returns how many links it made.
+
+    A writable overlay made of links: load_jit takes a shipped leaf as a hit (it re-hashes the
+    leaf's recorded dependencies, so a link is as good as the leaf), and anything new (another
+    module, other args) is built and published beside it in the writable directories. A root
+    SGLang could only read would fail at the first miss, when load_jit takes its build lock.
+    Existing entries are kept (an earlier start's links, the operator's own builds). On failure
+    the links and directories this call made are removed, so nothing half-linked is left."""
+    manifest_path = os.path.join(shipped, SGLANG_JIT_MANIFEST)
+    if not os.path.exists(manifest_path):
+        return 0  # an image without prebuilt SGLang JIT modules: SGLang's defaults stand
+    import json
+
+    try:
+        with open(manifest_path) as f:
+            leaves = [str(m["leaf"]) for m in json.load(f)["modules"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CacheError(f"{manifest_path}: unreadable ({type(e).__name__}: {e}); rebuild the image") from None
+    for leaf in leaves:
+        if os.path.isabs(leaf) or ".." in leaf.split("/"):
+            raise CacheError(f"{manifest_path}: leaf {leaf!r} is not a path inside {shipped}; rebuild the image")
+    root = sglang_jit_cache_dir(env)
+    made: list[str] = []  # links and directories, in the order made
+    try:
+        for leaf in leaves:
+            dest = os.path.join(root, leaf)
+            parts = os.path.dirname(dest)
+            missing = []
+            while parts and not os.path.isdir(parts):
+                missing.append(parts)
+                parts = os.path.dirname(parts)
+            for d in reversed(missing):
+                os.mkdir(d)
+                made.append(d)
+            if not os.path.lexists(dest):
+                os.symlink(os.path.join(shipped, leaf), dest)
+                made.append(dest)
+    except OSError as e:
+        for path in reversed(made):
+            try:
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    os.rmdir(path)
+            except OSError:
+                pass
+        raise CacheError(f"SGLANG_JIT_CACHE_DIR={root}: cannot link the image's prebuilt SGLang JIT modules "
+                         f"into it ({e.strerror or e}: {e.filename or root}); point SGLANG_JIT_CACHE_DIR (or "
+                         "SGLANG_CACHE_DIR) at a writable directory") from None
+    env["SGLANG_JIT_CACHE_DIR"] = root
+    return sum(os.path.islink(p) for p in made)
+
+
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["--profile"], ["--print-profile"]):
         if len(argv) != 2:
@@ -336,6 +413,13 @@ def main(argv: Sequence[str]) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
+    try:
+        env = dict(os.environ)
+        link_sglang_jit_cache(env)
+    except CacheError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.environ.update(env)
     os.execvp("python3", ["python3", "-m", "sglang.launch_server", *argv])
     return 127  # not reached
 

@@ -28,17 +28,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tools.bench.runs import clone, machine, run, shutdown
 from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,45 +57,6 @@ class Figure:
     detail: str
     goal: str = ""
     met: bool | None = None
-
-
-def machine() -> str:
-    cpu = ""
-    try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    mem_kb = 0
-    try:
-        mem_kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
-                          if ln.startswith("MemTotal")))
-    except (OSError, StopIteration, ValueError):
-        pass
-    return f"{os.cpu_count()} cores ({cpu or platform.processor()}), {mem_kb / 2**20:.0f} GiB, {platform.platform()}"
-
-
-def clone(dest: Path) -> None:
-    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(dest)], check=True)
-
-
-def run(cmd: Sequence[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float, str]:
-    """Run cmd, its output to log and to this terminal's stderr; (rc, seconds, output)."""
-    print(f"[bench] {cwd.name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    start = time.monotonic()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            sys.stderr.write(line)
-        rc = proc.wait()
-    return rc, time.monotonic() - start, log.read_text(errors="replace")
-
-
-def shutdown(clone_dir: Path, env: dict[str, str]) -> None:
-    subprocess.run(["tools/bazel", "shutdown"], cwd=clone_dir, env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
 
 
 def tests_detail(output: str) -> str:

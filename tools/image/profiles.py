@@ -27,6 +27,11 @@ README "Launch profiles"); this module builds its request and judges its results
 The kernel cache is the image's (flashinfer/data/aot/kernel_cache.json and its modules' .so
 files), or, for an image assembled without its kernel-cache layer (the CPU suite's), the checked-in
 plan the cache would be built from (--kernel-cache-plan).
+- the first-use inventory (jit_cache/inventory.<stack>.json, --inventory): every site it marks
+  `prebuilt` that the profile reaches must be in the image: a FlashInfer module in the kernel
+  cache above, an SGLang JIT build (call and args) in the image's
+  /usr/share/kimi-k3/sglang-jit/kimi-k3-sglang-jit.json with its .so present at the recorded
+  sha256. A prebuilt site of a kind the check cannot look up fails too (it would pass unchecked).
 """
 from __future__ import annotations
 
@@ -52,6 +57,10 @@ DEFAULT_LOCK = REPO_ROOT / "third_party" / "pins.lock.json"
 # Image paths, as image/constants.bzl sets them (ENTRYPOINT, PROFILES_DIR; tests/cpu/image checks).
 ENTRYPOINT_IMAGE_PATH = "/usr/local/bin/kimi-k3-entrypoint"
 PROFILES_IMAGE_PATH = "/usr/share/kimi-k3/profiles"
+# image/constants.bzl SGLANG_JIT_DIR, and the manifest the SGLang JIT build writes there
+# (tools/jit_cache/sglang_aot.py MANIFEST).
+SGLANG_JIT_IMAGE_PATH = "/usr/share/kimi-k3/sglang-jit"
+SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
 SCHEMA_VERSION = 1
 PROFILE_KEYS = {"schema_version", "description", "checkpoint", "needs", "placeholders", "env", "args"}
 PLACEHOLDER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
@@ -323,6 +332,51 @@ def kernel_cache_of_plan(plan_path: Path) -> KernelCache:
                        str(plan.get("selection", "full")), {m["name"]: _runners(m) for m in plan["modules"]})
 
 
+def _build_key(call: str, args: Any) -> str:
+    """One SGLang JIT build as the inventory and the image's manifest both name it."""
+    return f"{call} {json.dumps(args, sort_keys=True)}"
+
+
+@dataclass(frozen=True)
+class FirstUseCaches:
+    """The SGLang JIT builds an image ships (tools/jit_cache build-sglang's manifest): build
+    (_build_key) -> None when its .so is there at the recorded sha256, else why not."""
+
+    source: str
+    arch: str | None
+    sglang_jit: Mapping[str, str | None]
+
+    def describe(self) -> str:
+        present = sum(v is None for v in self.sglang_jit.values())
+        return f"{present} SGLang JIT builds for arch {self.arch} in {self.source}"
+
+
+def first_use_caches_of_image(rootfs_jit_dir: Path) -> FirstUseCaches:
+    """The image's prebuilt SGLang JIT builds, from its manifest; none when it ships no manifest."""
+    from tools.common.hashing import sha256_file
+
+    where = f"{SGLANG_JIT_IMAGE_PATH}/{SGLANG_JIT_MANIFEST}"
+    try:
+        data = json.loads((rootfs_jit_dir / SGLANG_JIT_MANIFEST).read_text())
+        entries = [(str(m["call"]), m["args"], str(m["leaf"]), str(m["module"]), str(m["so_sha256"]))
+                   for m in data["modules"]]
+        arch = str(data["arch"])
+    except FileNotFoundError:
+        return FirstUseCaches(f"the image (no {where})", None, {})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"the image's {where} is unreadable ({type(e).__name__}: {e}); rebuild the image") from None
+    builds: dict[str, str | None] = {}
+    for call, args, leaf, module, digest in entries:
+        so = rootfs_jit_dir / leaf / f"{module}.so"
+        if not so.is_file():
+            builds[_build_key(call, args)] = f"its {leaf}/{module}.so is missing"
+        elif sha256_file(so) != digest:
+            builds[_build_key(call, args)] = f"its {leaf}/{module}.so is not the sha256 the manifest records"
+        else:
+            builds[_build_key(call, args)] = None
+    return FirstUseCaches(f"the image's {where}", arch, builds)
+
+
 def capability_of(arch: str) -> tuple[int, int]:
     """(12, 0) for "12.0f": the GPU the kernel cache (and so the image) is built for."""
     match = re.fullmatch(r"(\d+)\.(\d+)[af]?", arch.split(";")[0].strip())
@@ -339,6 +393,46 @@ class Verdict:
     ok: bool
     line: str
     details: list[str] = field(default_factory=list)
+
+
+def _check_prebuilt(profile: Profile, inventory: Mapping[str, Any], cache: KernelCache,
+                    caches: FirstUseCaches) -> tuple[list[str], int]:
+    """(problems, sites checked): each site the inventory marks prebuilt that `profile` reaches
+    (every prebuilt site for a profile the inventory does not list) must be in the image."""
+    listed = profile.name in inventory.get("profiles", {})
+    where = f"jit_cache/inventory.{inventory.get('stack')}.json"
+    fix = (f"rebuild the image (its first-use layers: //image:layer_sglang_jit, //image:layer_kernel_cache), or regenerate "
+           f"{where} (tools/bazel run //jit_cache:update_inventory) if the site is no longer built ahead")
+    problems, checked = [], 0
+    for site_id, site in sorted(inventory["sites"].items()):
+        if site["status"] != "prebuilt" or (listed and profile.name not in site["profiles"]):
+            continue
+        checked += 1
+        builds = site.get("specializations", {}).get("prebuilt")
+        if not builds:
+            problems.append(f"{site_id}: {where} marks it prebuilt without what the image holds for it; regenerate "
+                            f"{where} (tools/bazel run //jit_cache:update_inventory)")
+            continue
+        if site["kind"] == "flashinfer":
+            for module in sorted({b["module"] for b in builds} - set(cache.modules)):
+                problems.append(f"reaches {site_id}, which {where} marks prebuilt, and the image's kernel cache "
+                                f"({cache.describe()}) lacks its module {module}; {fix}")
+            continue
+        if site["kind"] == "sglang-jit":
+            if caches.arch is not None and caches.arch != cache.arch:
+                problems.append(f"the image's SGLang JIT builds are for arch {caches.arch}, its kernel cache for "
+                                f"{cache.arch}; {fix}")
+                continue
+            for build in builds:
+                key = _build_key(build["call"], build["args"])
+                why = caches.sglang_jit.get(key, f"no entry for it in {caches.source}")
+                if why:
+                    problems.append(f"reaches {site_id}, which {where} marks prebuilt ({key}), and the image lacks "
+                                    f"it: {why}; {fix}")
+            continue
+        problems.append(f"reaches {site_id}, which {where} marks prebuilt, but this check cannot look up a "
+                        f"prebuilt {site['kind']} site in the image; teach tools/image/profiles.py _check_prebuilt")
+    return problems, checked
 
 
 def _check_needs(profile: Profile, needs: Sequence[Need], cache: KernelCache,
@@ -368,8 +462,14 @@ def _check_needs(profile: Profile, needs: Sequence[Need], cache: KernelCache,
 
 
 def judge(profiles: Sequence[Profile], results: Mapping[str, Mapping[str, Any]], features: Mapping[str, str | None],
-          cache: KernelCache, table: Mapping[str, Any], sglang: str) -> list[Verdict]:
-    """One verdict per profile: its first problem as one line, or what was checked."""
+          cache: KernelCache, table: Mapping[str, Any], sglang: str, inventory: Mapping[str, Any] | None = None,
+          caches: FirstUseCaches | None = None) -> list[Verdict]:
+    """One verdict per profile: its first problem as one line, or what was checked (with an
+    inventory, its prebuilt sites against the kernel cache and `caches` too)."""
+    # The image's SGLang is the patch gate's repack: <upstream>+kimik3.<digest>.
+    if inventory is not None and str(inventory.get("sglang_version")) != sglang.split("+")[0]:
+        raise UserError(f"the inventory of stack {inventory.get('stack')} is for SGLang {inventory.get('sglang_version')}, "
+                        f"the image has SGLang {sglang}; pass the image's stack's jit_cache/inventory.<stack>.json")
     stages = {"profile": "the image's entrypoint cannot resolve it",
               "guard": "the image's entrypoint guard refuses it",
               "parse": f"SGLang {sglang} rejects its arguments",
@@ -390,6 +490,13 @@ def judge(profiles: Sequence[Profile], results: Mapping[str, Mapping[str, Any]],
             continue
         needs = needs_of(profile, r.get("values", {}), r.get("flags", {}), table)
         problems = _check_needs(profile, needs, cache, features)
+        prebuilt = ""
+        if inventory is not None:
+            more, checked = _check_prebuilt(profile, inventory, cache, caches or FirstUseCaches("no image", None, {}))
+            problems += more
+            unlisted = "" if profile.name in inventory.get("profiles", {}) else \
+                " (every prebuilt site: the inventory does not list this profile)"
+            prebuilt = f"; {checked} prebuilt first-use sites present{unlisted}"
         if problems:
             verdicts.append(Verdict(profile.name, False, f"{head}: {problems[0]}", problems[1:]))
             continue
@@ -405,7 +512,8 @@ def judge(profiles: Sequence[Profile], results: Mapping[str, Mapping[str, Any]],
                                 f"{head}: SGLang {sglang} parsed {len(r.get('args', []))} arguments, ran "
                                 f"{len(ran)} resolution steps{checked}, skipped {len(skipped)}"
                                 f"{', stopped early' if r.get('stopped') else ''}; guard accepts; kernel cache has "
-                                f"{', '.join(modules) or 'nothing needed'}{'; ' + ', '.join(feats) if feats else ''}",
+                                f"{', '.join(modules) or 'nothing needed'}{'; ' + ', '.join(feats) if feats else ''}"
+                                f"{prebuilt}",
                                 details))
     return verdicts
 

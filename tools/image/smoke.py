@@ -371,11 +371,25 @@ PROFILE_CHECK_DIR = "/tmp/kimi-k3-profile-check"
 PROFILE_CHECK_ENV = ("CUDA_VISIBLE_DEVICES=", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
 
 
+def load_inventory(path: Path) -> dict[str, Any]:
+    """A first-use inventory (jit_cache/inventory.<stack>.json), validated as the jit_cache stage does."""
+    from tools.jit_cache.inventory import validate_inventory
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--inventory {path}: unreadable ({type(e).__name__}: {e}); "
+                        "pass jit_cache/inventory.<stack>.json") from None
+    validate_inventory(data, f"--inventory {path}")
+    return data
+
+
 def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str] = (),
                           profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
-                          needs: Path = profiles.DEFAULT_NEEDS) -> list[profiles.Verdict]:
+                          needs: Path = profiles.DEFAULT_NEEDS, inventory: Path | None = None) -> list[profiles.Verdict]:
     """Check launch profiles (all, or `names`) against the unpacked image at rootfs: the ones it
-    ships, or those of profiles_dir (host) run through the image's entrypoint and SGLang."""
+    ships, or those of profiles_dir (host) run through the image's entrypoint and SGLang; with an
+    inventory (jit_cache/inventory.<stack>.json), the prebuilt sites each reaches are in the image."""
     shipped = inside(rootfs, profiles.PROFILES_IMAGE_PATH)
     if profiles_dir is None and not shipped.is_dir():
         raise UserError(f"the image ships no launch profiles ({profiles.PROFILES_IMAGE_PATH}); rebuild it, or pass "
@@ -384,6 +398,8 @@ def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str]
     table = profiles.load_needs(needs)
     cache = (profiles.kernel_cache_of_plan(kernel_cache_plan) if kernel_cache_plan
              else profiles.kernel_cache_of_image(inside(rootfs, "/" + SITE_PACKAGES)))
+    listed = load_inventory(inventory) if inventory else None
+    caches = profiles.first_use_caches_of_image(inside(rootfs, profiles.SGLANG_JIT_IMAGE_PATH))
     work = inside(rootfs, PROFILE_CHECK_DIR)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -408,13 +424,14 @@ def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str]
         tail = proc.stderr.strip().splitlines()[-3:]
         raise UserError(f"the profile probe did not run in {rootfs} (exit {proc.returncode}): {tail}; "
                         "does the image have /usr/bin/python3 and SGLang?")
-    return profiles.judge(chosen, results, features, cache, table, sglang)
+    return profiles.judge(chosen, results, features, cache, table, sglang, listed, caches)
 
 
 def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequence[Path], require: Sequence[str],
           forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False,
           driver_stub: bool = False, launch_profiles: Sequence[str] = (),
-          launch_profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None) -> SmokeReport:
+          launch_profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
+          inventory: Path | None = None) -> SmokeReport:
     report = SmokeReport()
     bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
     try:
@@ -442,7 +459,7 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
                 report.check(bool(r["ok"]), f"import {r['module']}: {detail}{note if r['ok'] else ''}")
         if launch_profiles or launch_profiles_dir:
             for verdict in check_launch_profiles(rootfs, [*image_env(layout), *extra_env], launch_profiles,
-                                                 launch_profiles_dir, kernel_cache_plan):
+                                                 launch_profiles_dir, kernel_cache_plan, inventory=inventory):
                 report.check(verdict.ok, verdict.line)
                 report.notes += [f"{verdict.profile}: {d}" for d in verdict.details]
     finally:
@@ -472,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="check these profile files (e.g. image/profiles) instead of the image's own")
     p.add_argument("--kernel-cache-plan", type=Path,
                    help="the image has no kernel-cache layer: take its modules from this plan")
+    p.add_argument("--inventory", type=Path,
+                   help="the image's stack's jit_cache/inventory.<stack>.json: its prebuilt sites must be in the image")
     args = p.parse_args(argv)
     prof = PROFILES.get(args.profile or "", {})
     for e in args.env:
@@ -482,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
                    [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub,
                    [*prof.get("launch_profiles", []), *args.launch_profile], args.launch_profiles_dir,
-                   args.kernel_cache_plan)
+                   args.kernel_cache_plan, args.inventory)
     for line in report.passes:
         print(f"ok   {line}")
     for line in report.notes:

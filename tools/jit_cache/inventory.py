@@ -149,7 +149,7 @@ def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mappi
 
 
 def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str],
-            aot: Mapping[tuple[str, str], list[Any]]) -> tuple[str, str]:
+            aot: Mapping[tuple[str, str], list[dict[str, Any]]]) -> tuple[str, str]:
     d = site.details
     if site.kind == "flashinfer":
         module = d.get("kernel_cache_module") or apis.get(site.name)
@@ -161,10 +161,10 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
                      "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined")
     if site.kind == "sglang-jit":
         if (site.file, site.name) in aot:
-            args = "; ".join(json.dumps(a, sort_keys=True) for a in aot[(site.file, site.name)])
-            return GAP, (f"built ahead of time by //jit_cache:sglang_jit_<arch> for args {args} "
-                         "(jit_cache/sglang_modules.json), not yet shipped in the image; load_jit "
-                         "compiles into $SGLANG_JIT_CACHE_DIR at first call")
+            args = "; ".join(json.dumps(b["args"], sort_keys=True) for b in aot[(site.file, site.name)])
+            return PREBUILT, (f"SGLang JIT module built ahead of time for args {args} (jit_cache/sglang_modules.json) "
+                              "and shipped by //image:layer_sglang_jit in SGLang's cache layout, which the "
+                              "entrypoint links into $SGLANG_JIT_CACHE_DIR; other args compile at first call")
         return GAP, "no ahead-of-time build yet: load_jit compiles into $SGLANG_JIT_CACHE_DIR at first call"
     if site.kind == "triton":
         tune = d.get("autotune")
@@ -208,11 +208,14 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
     archs = model_modules(tree, reach["models_dir"])
     shipped = {m if isinstance(m, str) else m["name"]: plan_name for m in plan.get("modules", [])}
     apis = reach["flashinfer_apis"]
-    # SGLang JIT modules built ahead of time (jit_cache/sglang_modules.json): (file, function) -> args.
-    aot: dict[tuple[str, str], list[Any]] = {}
+    # SGLang JIT modules built ahead of time (jit_cache/sglang_modules.json): (file, function) ->
+    # the builds, each {"call", "args"} as the image's manifest records them (the profile check
+    # looks them up there).
+    aot: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for entry in aot_modules:
         module, _, function = entry["call"].partition(":")
-        aot.setdefault((module.replace(".", "/") + ".py", function), []).append(entry.get("args", []))
+        aot.setdefault((module.replace(".", "/") + ".py", function), []).append(
+            {"call": entry["call"], "args": entry.get("args", [])})
 
     # Every site of the tree (the check's "gains a site" compares these ids).
     sites: dict[str, Site] = {}
@@ -280,6 +283,11 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
         tier = "startup" if site_id in startup_sites else "lazy"
         counts[site.kind]["startup"] += tier == "startup"
         details = {k: v for k, v in site.details.items() if k != "kernel_cache_module"}
+        # What the image must hold for a prebuilt site (the launch-profile check looks it up).
+        if site.kind == "sglang-jit" and status == PREBUILT:
+            details["prebuilt"] = aot[(site.file, site.name)]
+        elif site.kind == "flashinfer" and status == PREBUILT:
+            details["prebuilt"] = [{"module": site.details.get("kernel_cache_module") or apis[site.name]}]
         reached_sites[site_id] = {
             "kind": site.kind,
             "file": site.file,

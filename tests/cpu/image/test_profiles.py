@@ -5,7 +5,9 @@ The check against a real image (its SGLang) is test_profiles_image.py (:profiles
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -103,14 +105,19 @@ def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
     assert values["ENTRYPOINT"] == profiles.ENTRYPOINT_IMAGE_PATH
     assert values["PROFILES_DIR"] == profiles.PROFILES_IMAGE_PATH
     assert profiles.load_entrypoint().PROFILES_DIR == profiles.PROFILES_IMAGE_PATH
+    assert values["SGLANG_JIT_DIR"] == profiles.SGLANG_JIT_IMAGE_PATH == profiles.load_entrypoint().SGLANG_JIT_DIR
+    from tools.jit_cache.sglang_aot import MANIFEST
+
+    assert MANIFEST == profiles.SGLANG_JIT_MANIFEST == profiles.load_entrypoint().SGLANG_JIT_MANIFEST
 
 
 # ---------------------------------------------------------------- the entrypoint
 
 def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
-                   site: Path | None = None) -> subprocess.CompletedProcess[str]:
+                   site: Path | None = None, jit_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The entrypoint with profiles from image/profiles and a python3 that prints its exec;
-    `site` (on PYTHONPATH) holds a fake SGLang or Mooncake distribution."""
+    `site` (on PYTHONPATH) holds a fake SGLang or Mooncake distribution; `jit_dir` stands in for
+    the image's SGLang JIT directory (default: none, as on an image without one)."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
     (fake_bin / "python3").write_text("#!/bin/sh\necho \"exec: $*\"\nenv | sort | sed 's/^/env: /'\n")
@@ -119,7 +126,9 @@ def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
     text = ENTRYPOINT.read_text()
     # The shipped path, pointed at the repository's profiles (the image has them there).
     script.write_text(text.replace(f'PROFILES_DIR = "{profiles.PROFILES_IMAGE_PATH}"',
-                                   f'PROFILES_DIR = "{profiles.DEFAULT_PROFILES_DIR}"'))
+                                   f'PROFILES_DIR = "{profiles.DEFAULT_PROFILES_DIR}"')
+                      .replace(f'SGLANG_JIT_DIR = "{profiles.SGLANG_JIT_IMAGE_PATH}"',
+                               f'SGLANG_JIT_DIR = "{jit_dir or tmp_path / "no-sglang-jit"}"'))
     assert script.read_text() != text
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           env={"PATH": f"{fake_bin}:/usr/bin:/bin", **({"PYTHONPATH": str(site)} if site else {}),
@@ -614,3 +623,128 @@ def test_smoke_kimi_k3_checks_every_shipped_launch_profile() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+# ---------------------------------------------------------------- first-use caches
+
+JIT_LEAVES = ["sm_120f/situ_and_mul/build-aa/deps-11", "sm_120f/kda_fused_decode/build-bb/deps-22"]
+
+
+def shipped_jit_dir(tmp_path: Path) -> Path:
+    """An image's SGLang JIT directory: two leaves and the manifest that lists them."""
+    shipped = tmp_path / "shipped"
+    modules = []
+    for leaf in JIT_LEAVES:
+        module = leaf.split("/")[1]
+        (shipped / leaf).mkdir(parents=True)
+        (shipped / leaf / f"{module}.so").write_bytes(module.encode())
+        (shipped / leaf / "sgl_deps.json").write_text("[]")
+        modules.append({"call": f"sglang.kernels.ops.{module}:_jit_{module}_module", "args": [], "module": module,
+                        "leaf": leaf, "so_sha256": hashlib.sha256(module.encode()).hexdigest()})
+    (shipped / profiles.SGLANG_JIT_MANIFEST).write_text(json.dumps({"arch": "12.0f", "modules": modules}))
+    return shipped
+
+
+def exec_env(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return dict(line[len("env: "):].split("=", 1) for line in proc.stdout.splitlines() if line.startswith("env: "))
+
+
+def test_the_entrypoint_links_the_shipped_sglang_jit_builds_into_a_writable_cache(tmp_path: Path) -> None:
+    shipped = shipped_jit_dir(tmp_path)
+    home = tmp_path / "home"
+    for env, expected in (({"HOME": str(home)}, home / ".cache" / "sglang" / "jit"),
+                          ({"HOME": str(home), "SGLANG_CACHE_DIR": str(tmp_path / "c")}, tmp_path / "c" / "jit"),
+                          ({"HOME": str(home), "SGLANG_JIT_CACHE_DIR": str(tmp_path / "j")}, tmp_path / "j")):
+        proc = run_entrypoint(tmp_path, ["--profile", "kimi-k3-tp32ep32"], {**SITE, **env}, jit_dir=shipped)
+        assert proc.returncode == 0, proc.stderr
+        assert exec_env(proc)["SGLANG_JIT_CACHE_DIR"] == str(expected)
+        for leaf in JIT_LEAVES:
+            link = expected / leaf
+            assert link.is_symlink() and Path(os.readlink(link)) == shipped / leaf
+            assert (link / f"{leaf.split('/')[1]}.so").is_file()
+    # A second start keeps what is there: its own links, and a build SGLang published beside them.
+    own = home / ".cache" / "sglang" / "jit" / "sm_120f" / "situ_and_mul" / "build-aa" / "deps-33"
+    own.mkdir()
+    again = run_entrypoint(tmp_path, ["--model-path", "/m"], {"HOME": str(home)}, jit_dir=shipped)
+    assert again.returncode == 0, again.stderr
+    assert own.is_dir() and not own.is_symlink()
+    assert sorted(p.name for p in own.parent.iterdir()) == ["deps-11", "deps-33"]
+
+
+def test_the_entrypoint_refuses_a_cache_it_cannot_link_into_and_leaves_nothing(tmp_path: Path) -> None:
+    shipped = shipped_jit_dir(tmp_path)
+    root = tmp_path / "jit"
+    # The first leaf links; the second's module directory is a file: the run fails there.
+    (root / "sm_120f").mkdir(parents=True)
+    (root / "sm_120f" / "kda_fused_decode").write_text("not a directory")
+    proc = run_entrypoint(tmp_path, ["--profile", "kimi-k3-tp32ep32"], {**SITE, "SGLANG_JIT_CACHE_DIR": str(root)},
+                          jit_dir=shipped)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: SGLANG_JIT_CACHE_DIR={root}: cannot link the image's prebuilt SGLang JIT modules")
+    assert line.endswith("point SGLANG_JIT_CACHE_DIR (or SGLANG_CACHE_DIR) at a writable directory")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["sm_120f", "sm_120f/kda_fused_decode"]
+    # A manifest that is not the build's: one line, nothing linked.
+    (shipped / profiles.SGLANG_JIT_MANIFEST).write_text('{"modules": [{"leaf": "../../etc"}]}')
+    bad = run_entrypoint(tmp_path, ["--model-path", "/m"], {"SGLANG_JIT_CACHE_DIR": str(tmp_path / "j2")}, jit_dir=shipped)
+    assert bad.returncode == 2 and "leaf '../../etc' is not a path inside" in bad.stderr
+    assert not (tmp_path / "j2").exists()
+
+
+def inventory_with(sites: dict[str, dict]) -> dict:
+    return {"stack": "pypi", "sglang_version": SGLANG_PYPI, "profiles": {"kimi-k3-tp32ep32": {}}, "sites": sites}
+
+
+def jit_site(call: str, profiles_: list[str] = ["kimi-k3-tp32ep32"]) -> dict:
+    return {"kind": "sglang-jit", "status": "prebuilt", "profiles": profiles_, "name": call.split(":")[1],
+            "specializations": {"prebuilt": [{"call": call, "args": []}]}}
+
+
+def test_prebuilt_sites_must_be_in_the_image(tmp_path: Path) -> None:
+    """The check's lookup of prebuilt sites: SGLang JIT builds in the image's manifest (its .so at
+    the recorded sha256), FlashInfer modules in the kernel cache; a kind it cannot look up fails."""
+    shipped = shipped_jit_dir(tmp_path)
+    caches = profiles.first_use_caches_of_image(shipped)
+    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    (profile,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
+    present = "sglang.kernels.ops.situ_and_mul:_jit_situ_and_mul_module"
+    sites = {"sglang-jit:a.py:f": jit_site(present),
+             "sglang-jit:b.py:g": jit_site(present, ["kimi-k3-pd-decode"]),  # another profile's: not judged
+             "flashinfer:x.py:flashinfer.fused_moe.cutlass_fused_moe": {
+                 "kind": "flashinfer", "status": "prebuilt", "name": "flashinfer.fused_moe.cutlass_fused_moe",
+                 "profiles": ["kimi-k3-tp32ep32"], "specializations": {"prebuilt": [{"module": "fused_moe_120"}]}}}
+    assert profiles._check_prebuilt(profile, inventory_with(sites), cache, caches) == ([], 2)
+    missing = "sglang.kernels.ops.other:_jit_other_module"
+    damaged = "sglang.kernels.ops.kda_fused_decode:_jit_kda_fused_decode_module"
+    (shipped / JIT_LEAVES[1] / "kda_fused_decode.so").write_bytes(b"changed")
+    caches = profiles.first_use_caches_of_image(shipped)
+    bad = {**sites, "sglang-jit:c.py:h": jit_site(missing), "sglang-jit:d.py:k": jit_site(damaged),
+           "flashinfer:kernel_cache:nope": {"kind": "flashinfer", "status": "prebuilt", "name": "nope",
+                                            "profiles": ["kimi-k3-tp32ep32"],
+                                            "specializations": {"prebuilt": [{"module": "nope"}]}},
+           "flashinfer:y.py:f": {"kind": "flashinfer", "status": "prebuilt", "name": "f", "profiles": ["kimi-k3-tp32ep32"],
+                                 "specializations": {}},
+           "triton:e.py:kern": {"kind": "triton", "status": "prebuilt", "name": "kern", "profiles": ["kimi-k3-tp32ep32"],
+                                "specializations": {"prebuilt": [{"key": "k"}]}}}
+    problems, checked = profiles._check_prebuilt(profile, inventory_with(bad), cache, caches)
+    assert checked == 7 and len(problems) == 5
+    text = "\n".join(problems)
+    assert f"reaches sglang-jit:c.py:h, which jit_cache/inventory.pypi.json marks prebuilt ({missing} []), and the image " \
+           "lacks it: no entry for it in the image's /usr/share/kimi-k3/sglang-jit/kimi-k3-sglang-jit.json" in text
+    assert f"({damaged} []), and the image lacks it: its {JIT_LEAVES[1]}/kda_fused_decode.so is not the sha256" in text
+    assert "the image's kernel cache" in text and "lacks its module nope" in text
+    assert "flashinfer:y.py:f: jit_cache/inventory.pypi.json marks it prebuilt without what the image holds" in text
+    assert "cannot look up a prebuilt triton site in the image" in text
+    # An image with no manifest has none of them; a profile the inventory does not list is judged
+    # against every prebuilt site.
+    none = profiles.first_use_caches_of_image(tmp_path / "nothing")
+    (other,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-pd-decode"])
+    problems, checked = profiles._check_prebuilt(other, {**inventory_with(sites), "profiles": {}}, cache, none)
+    assert checked == 3 and len(problems) == 2 and "no entry for it in the image (no " in problems[0]
+
+
+def test_an_inventory_of_another_sglang_is_refused() -> None:
+    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    with pytest.raises(UserError, match="the inventory of stack pypi is for SGLang 0.0.1, the image has SGLang"):
+        profiles.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.0", {**inventory_with({}), "sglang_version": "0.0.1"})
+    assert profiles.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.e0dfccb6", inventory_with({})) == []

@@ -3,8 +3,10 @@
 Bazel passes (tests/cpu/image/BUILD.bazel, :profiles_check and :profiles_check_pypi):
 KIMI_PROFILES_IMAGE (//image:rootfs_without_kernel_cache of the stack: a plan of the trees and
 files the image's layers, without the kernel-cache layer, are written from),
-KIMI_PROFILES_PLAN (the checked-in plan of that image's kernel cache, //kernel_cache:selected_plan)
-and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the patch gate). The plan is
+KIMI_PROFILES_PLAN (the checked-in plan of that image's kernel cache, //kernel_cache:selected_plan),
+KIMI_PROFILES_INVENTORY (the stack's first-use inventory, //jit_cache:inventory: its prebuilt
+sites must be in the image) and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the
+patch gate). The plan is
 mounted once as an overlay (tools/image/smoke.py mounted_rootfs_plan); every check then runs the
 image's python3 in a chroot without network (check_launch_profiles). Needs root.
 """
@@ -37,6 +39,9 @@ def single(var: str) -> Path:
     return Path(paths[0])
 
 
+INVENTORY = json.loads(single("KIMI_PROFILES_INVENTORY").read_text())
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
     if os.geteuid() != 0:
@@ -52,7 +57,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
 def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Path | None = None
           ) -> dict[str, profiles.Verdict]:
     rootfs, env = image
-    verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"))
+    verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"),
+                                           inventory=single("KIMI_PROFILES_INVENTORY"))
     report = "".join(f"{'ok  ' if v.ok else 'FAIL'} {v.line}\n" + "".join(f"      {d}\n" for d in v.details)
                      for v in verdicts)
     print(report)  # in test.log for passed tests too (-rP below)
@@ -74,6 +80,10 @@ def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]
         # MXFP4 backend needs, the SiTU probe.
         assert "resolution steps" in v.line and "guard accepts" in v.line and " 0 resolution steps" not in v.line
         assert "fused_moe_120" in v.line and "mxfp8_quantization_sm100" in v.line and "situ-mxfp4-cutlass" in v.line
+        # The inventory's prebuilt sites (FlashInfer modules, SGLang JIT builds) were looked up.
+        prebuilt = [i for i, site in INVENTORY["sites"].items() if site["status"] == "prebuilt" and name in site["profiles"]]
+        assert any(i.startswith("sglang-jit:") for i in prebuilt)
+        assert f"; {len(prebuilt)} prebuilt first-use sites present" in v.line
         # No step may be skipped for a reason the check does not know.
         assert all(d.startswith(("skipped ", "stopped ")) for d in v.details), v.details
         reasons = " ".join(v.details)
@@ -162,6 +172,38 @@ def sglang_without_situ(image: tuple[Path, list[str]]) -> Iterator[list[str]]:
     finally:
         for p, data in saved.items():
             (site / p).write_bytes(data)
+
+
+@pytest.fixture
+def image_jit_dir(image: tuple[Path, list[str]]) -> Iterator[Path]:
+    """The image's SGLang JIT directory (its manifest and leaves), restored afterwards."""
+    jit = smoke.inside(image[0], profiles.SGLANG_JIT_IMAGE_PATH)
+    saved = {p: p.read_bytes() for p in jit.rglob("*") if p.is_file()}
+    try:
+        yield jit
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+
+
+def test_an_image_without_a_prebuilt_sglang_jit_build_fails_naming_it(image: tuple[Path, list[str]],
+                                                                      image_jit_dir: Path) -> None:
+    manifest = json.loads((image_jit_dir / profiles.SGLANG_JIT_MANIFEST).read_text())
+    dropped, damaged = manifest["modules"][0], manifest["modules"][1]
+    (image_jit_dir / profiles.SGLANG_JIT_MANIFEST).write_text(
+        json.dumps({**manifest, "modules": manifest["modules"][1:]}))
+    so = image_jit_dir / damaged["leaf"] / f"{damaged['module']}.so"
+    so.write_bytes(so.read_bytes() + b"\0")
+    verdicts = check(image, ["kimi-k3-tp32ep32"])
+    v = verdicts["kimi-k3-tp32ep32"]
+    assert not v.ok
+    assert "\n" not in v.line
+    lines = [v.line, *v.details]
+    for entry, why in ((dropped, "no entry for it in the image's /usr/share/kimi-k3/sglang-jit/kimi-k3-sglang-jit.json"),
+                       (damaged, "is not the sha256 the manifest records")):
+        key = f"{entry['call']} {json.dumps(entry['args'], sort_keys=True)}"
+        assert any(f"which jit_cache/inventory.{INVENTORY['stack']}.json marks prebuilt ({key}), and the image "
+                   f"lacks it:" in line and why in line and "//image:layer_sglang_jit" in line for line in lines), lines
 
 
 def test_mxfp4_backend_on_an_image_without_the_situ_patch(image: tuple[Path, list[str]],

@@ -200,6 +200,11 @@ def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None
         assert f"triton:sglang/kernels/{file}.py:attn_kernel" in inventory["unreached"]
     assert sites["flashinfer:sglang/kernels/toy_kernels.py:flashinfer.norm.rmsnorm"]["status"] == "prebuilt"
     assert sites["flashinfer:kernel_cache:norm"]["status"] == "prebuilt"
+    # What the image holds for a prebuilt site: the kernel-cache module (for an API, the one
+    # reach.json maps it to).
+    assert sites["flashinfer:kernel_cache:norm"]["specializations"]["prebuilt"] == [{"module": "norm"}]
+    assert sites["flashinfer:sglang/kernels/toy_kernels.py:flashinfer.norm.rmsnorm"]["specializations"]["prebuilt"] \
+        == [{"module": "norm"}]
     toy = sites["triton:sglang/kernels/toy_kernels.py:toy_kernel"]
     assert toy["status"] == "gap" and "autotuned (5 configs" in toy["reason"]
     assert sites["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]["status"] == "gap"
@@ -210,22 +215,30 @@ def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None
     validate_inventory(inventory, "fixture")
 
 
-def test_a_module_built_ahead_is_named_in_its_sites_reason(tmp_path: Path) -> None:
-    """A load_jit site listed in sglang_modules.json says so (and stays a gap until the image
-    ships the build); other sites and other stacks' entries are untouched."""
+def test_a_module_built_ahead_is_prebuilt_with_its_builds(tmp_path: Path) -> None:
+    """A load_jit site listed in sglang_modules.json is prebuilt (the image ships the build, which
+    the launch-profile check verifies) and records each build's call and args as the image's
+    manifest does; other sites and other stacks' entries stay gaps."""
     paths = write_fixture(tmp_path)
     modules = tmp_path / "sglang_modules.json"
     modules.write_text(json.dumps({"stacks": {"toy": [
         {"call": "sglang.kernels.toy_kernels:toy_module", "args": [{"dtype": "bfloat16"}], "why": "the toy model"}]}}))
     out = tmp_path / "inventory.json"
     assert cli.main(inventory_args(paths, out) + ["--sglang-modules", str(modules)]) == 0
-    site = json.loads(out.read_text())["sites"]["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]
-    assert site["status"] == "gap"
-    assert 'built ahead of time by //jit_cache:sglang_jit_<arch> for args [{"dtype": "bfloat16"}]' in site["reason"]
+    inventory = json.loads(out.read_text())
+    site = inventory["sites"]["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]
+    assert site["status"] == "prebuilt"
+    assert 'built ahead of time for args [{"dtype": "bfloat16"}]' in site["reason"]
+    assert "//image:layer_sglang_jit" in site["reason"]
+    assert site["specializations"]["prebuilt"] == [
+        {"call": "sglang.kernels.toy_kernels:toy_module", "args": [{"dtype": "bfloat16"}]}]
+    assert inventory["counts"]["sglang-jit"]["prebuilt"] == 1
+    validate_inventory(inventory, "fixture")
     out2 = tmp_path / "inventory2.json"
     assert cli.main(inventory_args(paths, out2, stack="other") + ["--sglang-modules", str(modules)]) == 0
     other = json.loads(out2.read_text())["sites"]["sglang-jit:sglang/kernels/toy_kernels.py:toy_module"]
-    assert "built ahead" not in other["reason"]
+    assert other["status"] == "gap" and "built ahead" not in other["reason"]
+    assert "prebuilt" not in other["specializations"]
 
 
 def test_check_refuses_a_new_kernel_naming_it(built: tuple[dict[str, Path], dict], tmp_path: Path,
