@@ -53,10 +53,8 @@ def sites_table(inventory_dir: Path) -> str:
 
 
 def _descriptor(clone_dir: Path) -> dict[str, Any]:
-    out = subprocess.run(["tools/bazel", "cquery", "--config=pypi", "--output=files", LAYER], cwd=clone_dir,
-                         capture_output=True, text=True, check=True).stdout.split()
-    (desc,) = [f for f in out if f.endswith(".layer.json")]
-    return json.loads((clone_dir / desc).read_text())
+    """The layer's descriptor from the clone's last build (bazel-bin is that build's configuration)."""
+    return json.loads((clone_dir / "bazel-bin" / "image" / "layer_sglang_jit.layer.json").read_text())
 
 
 def build_rows(work: Path, roots: int, keep: bool) -> tuple[list[str], bool]:

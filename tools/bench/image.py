@@ -4,11 +4,11 @@ Usage:
     SOURCE_DATE_EPOCH=... python3 -m tools.bench.image --work DIR --stack default \
         --base-tar base.tar | --base-layout DIR \
         [--torch-wheel W]... [--wheel W]... [--flashinfer-wheel W | --flashinfer-tree DIR] \
-        [--kernel-cache DIR] [--sglang-wheel W | --sglang-tree DIR] [--mooncake-wheel W] \
+        [--kernel-cache DIR] [--sglang-wheel W | --sglang-tree DIR] [--sglang-jit DIR] [--mooncake-wheel W] \
         [--gate-manifest M]... [--push] [--repository R] [--smoke]
 
 Layers, bottom to top (ordered by how often they change): base OS, torch + NVIDIA CUDA wheels,
-other third-party wheels, patched FlashInfer, SM120 kernel cache, patched SGLang, Mooncake,
+other third-party wheels, patched FlashInfer, SM120 kernel cache, patched SGLang, its JIT modules, Mooncake,
 entrypoint/config, SBOM. Missing inputs are skipped (printed), so a partial image can be timed.
 It runs the same stage CLIs Bazel runs, one after another, each timed.
 """
@@ -28,6 +28,7 @@ from tools.image import layer as oci_layer
 from tools.image import push as oci_push
 
 from tools.image import sbom
+from tools.image.profiles import SGLANG_JIT_IMAGE_PATH
 from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,7 @@ def layer_plan(args: argparse.Namespace, sbom_file: Path) -> list[tuple[str, lis
         ("kernel-cache", many("--site-tree", [args.kernel_cache] if args.kernel_cache else [])),
         ("sglang", many("--wheel", [args.sglang_wheel] if args.sglang_wheel else [])
          + many("--site-tree", [args.sglang_tree] if args.sglang_tree else [])),
+        ("sglang_jit", many("--tree", [f"{SGLANG_JIT_IMAGE_PATH}={args.sglang_jit}"] if args.sglang_jit else [])),
         ("mooncake", many("--wheel", [args.mooncake_wheel] if args.mooncake_wheel else [])),
         ("entrypoint", ["--file", f"{ENTRYPOINT_IMAGE_PATH}={REPO_ROOT / 'image' / 'entrypoint.py'}:755"]),
         ("sbom", ["--file", f"{sbom.IMAGE_PATH}={sbom_file}"]),
@@ -68,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kernel-cache")
     p.add_argument("--sglang-wheel")
     p.add_argument("--sglang-tree")
+    p.add_argument("--sglang-jit", help="SGLang JIT modules ahead of time (python3 -m tools.jit_cache build-sglang --out)")
     p.add_argument("--mooncake-wheel")
     p.add_argument("--gate-manifest", action="append", default=[])
     p.add_argument("--push", action="store_true")

@@ -60,7 +60,8 @@ PROFILES: dict[str, dict[str, list[str]]] = {
     "kimi-k3": {
         "imports": ["flashinfer", "sglang", "mooncake.engine"],
         "env": ["FLASHINFER_DISABLE_JIT=1"],
-        "require": [f"/{SITE_PACKAGES}/flashinfer/data/aot"],
+        "require": [f"/{SITE_PACKAGES}/flashinfer/data/aot",
+                    f"{profiles.SGLANG_JIT_IMAGE_PATH}/{profiles.SGLANG_JIT_MANIFEST}"],
         "forbid": [f"/{SITE_PACKAGES}/flashinfer_jit_cache"],
         "launch_profiles": ["*"],
     },
