@@ -151,34 +151,48 @@ def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mappi
 def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str],
             aot: Mapping[tuple[str, str], list[dict[str, Any]]]) -> tuple[str, str]:
     d = site.details
+    # Every gap says where serving compiles it and what a user can do about it: the cache to keep
+    # on a persistent volume (SGLang points Triton's and inductor's under $SGLANG_CACHE_DIR when
+    # it is imported), or the file that builds it ahead of time.
+    keep = "; keep {} on a persistent volume so only the first start pays, or warm up with a request before serving"
     if site.kind == "flashinfer":
         module = d.get("kernel_cache_module") or apis.get(site.name)
         if module and module in shipped:
             return PREBUILT, f"FlashInfer module {module} is in the kernel cache ({plan_name})"
         if module:
-            return GAP, f"needs FlashInfer module {module}, which {plan_name} does not build (FLASHINFER_DISABLE_JIT=1: MissingJITCacheError)"
+            return GAP, (f"needs FlashInfer module {module}, which {plan_name} does not build (FLASHINFER_DISABLE_JIT=1: "
+                         "MissingJITCacheError); add it to kernel_cache/modules.json and the kernel selection "
+                         "(kernel_cache/README.md 'How to extend it')")
         return GAP, ("FlashInfer API not mapped to a kernel-cache module in jit_cache/reach.json: whether it "
-                     "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined")
+                     "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined; map it in "
+                     "reach.json flashinfer_apis")
     if site.kind == "sglang-jit":
         if (site.file, site.name) in aot:
             args = "; ".join(json.dumps(b["args"], sort_keys=True) for b in aot[(site.file, site.name)])
             return PREBUILT, (f"SGLang JIT module built ahead of time for args {args} (jit_cache/sglang_modules.json) "
                               "and shipped by //image:layer_sglang_jit in SGLang's cache layout, which the "
                               "entrypoint links into $SGLANG_JIT_CACHE_DIR; other args compile at first call")
-        return GAP, "no ahead-of-time build yet: load_jit compiles into $SGLANG_JIT_CACHE_DIR at first call"
+        return GAP, ("load_jit compiles it into $SGLANG_JIT_CACHE_DIR at first call: add the call and its args to "
+                     "jit_cache/sglang_modules.json to build it ahead of time" + keep.format("$SGLANG_JIT_CACHE_DIR"))
     if site.kind == "triton":
         tune = d.get("autotune")
+        cache = "$TRITON_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/triton)"
         if tune:
             n = tune.get("configs")
             count = f"{n} configs" if n is not None else "configs not countable statically"
-            return GAP, f"autotuned ({count}, key {tune.get('key')}): configs chosen by benchmarking on the device at first launch; no ahead-of-time build yet"
-        return GAP, "no ahead-of-time build yet: Triton compiles at first launch per specialization"
+            return GAP, (f"autotuned ({count}, key {tune.get('key')}): every config compiled and benchmarked on the "
+                         "device at first launch; no ahead-of-time build yet" + keep.format(cache))
+        return GAP, ("Triton compiles it at first launch per specialization; no ahead-of-time build yet"
+                     + keep.format(cache))
     if site.kind == "cute-dsl":
         if d.get("use") == "aot-cache":
-            return GAP, "SGLang's CuTe-DSL AOT cache ($SGLANG_CUTE_AOT_CACHE_DIR) ships empty: filled at first compile"
-        return GAP, "no ahead-of-time build yet: cute.compile at first call"
+            return GAP, ("SGLang's CuTe-DSL AOT cache ships empty: filled at first compile"
+                         + keep.format("$SGLANG_CUTE_AOT_CACHE_DIR (default $SGLANG_CACHE_DIR/cute_aot)"))
+        return GAP, ("cute.compile at first call in each serving process; no ahead-of-time build yet; warm up "
+                     "with a request before serving")
     if site.kind == "inductor":
-        return GAP, "torch.compile traces and compiles at first call; its inductor kernels cannot be enumerated statically"
+        return GAP, ("torch.compile traces and compiles at first call; its inductor kernels cannot be enumerated "
+                     "statically" + keep.format("$TORCHINDUCTOR_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/inductor)"))
     raise AssertionError(site.kind)
 
 

@@ -215,6 +215,15 @@ def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None
     validate_inventory(inventory, "fixture")
 
 
+def test_every_gap_says_what_a_user_can_do(built: tuple[dict[str, Path], dict]) -> None:
+    """A gap's reason names an action: the file that builds it ahead, the cache to keep, a warm-up."""
+    _, inventory = built
+    gaps = {i: s["reason"] for i, s in inventory["sites"].items() if s["status"] == "gap"}
+    assert {s["kind"] for i, s in inventory["sites"].items() if i in gaps} >= {"triton", "sglang-jit", "inductor"}
+    for site_id, reason in gaps.items():
+        assert any(a in reason for a in ("; add ", "; keep ", "; map ", "; warm up ")), f"{site_id}: {reason}"
+
+
 def test_a_module_built_ahead_is_prebuilt_with_its_builds(tmp_path: Path) -> None:
     """A load_jit site listed in sglang_modules.json is prebuilt (the image ships the build, which
     the launch-profile check verifies) and records each build's call and args as the image's
