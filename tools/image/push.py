@@ -526,26 +526,35 @@ def print_result(r: PushResult) -> None:
 
 
 LAYER_ANNOTATION = LABEL_PREFIX + "layer"  # how tools/image/layout.py names each layer
-_KERNEL_CACHE_JSON = "flashinfer/data/aot/kernel_cache.json"
+# The manifests of the layers of compiled modules: layer name -> (the manifest's path in the
+# layer, how each module's sha256 is read from it, what a printed line calls the module).
+_MODULE_MANIFESTS = {
+    "kernel_cache": ("flashinfer/data/aot/kernel_cache.json",
+                     lambda data: {m: v["sha256"] for m, v in data.get("modules", {}).items()}, "kernel module"),
+    "sglang_jit": ("usr/share/kimi-k3/sglang-jit/kimi-k3-sglang-jit.json",
+                   lambda data: {m["module"]: m["so_sha256"] for m in data.get("modules", [])}, "sglang-jit module"),
+}
 
 
-def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, str]]:
-    """([(layer name, digest, size)], {kernel module: sha256}) of a layout: what a user compares
-    with another machine's build (docs/DIGESTS.md) to find the layer, and inside the kernel-cache
-    layer the module, whose bytes differ."""
+def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, dict[str, str]]]:
+    """([(layer name, digest, size)], {layer name: {module: sha256}}) of a layout: what a user
+    compares with another machine's build (docs/DIGESTS.md) to find the layer, and inside a layer
+    of compiled modules (FlashInfer's kernel cache, SGLang's JIT modules) the module, whose bytes
+    differ."""
     from tools.image.layer import open_layer_blob
     _, manifest_bytes = read_index_manifest(layout)
     layers = [(l.get("annotations", {}).get(LAYER_ANNOTATION, "?"), l["digest"], int(l["size"]))
               for l in json.loads(manifest_bytes)["layers"]]
-    modules: dict[str, str] = {}
+    modules: dict[str, dict[str, str]] = {}
     for name, digest, _ in layers:
-        if name != "kernel_cache":
+        if name not in _MODULE_MANIFESTS:
             continue
+        path, read, _ = _MODULE_MANIFESTS[name]
         with open_layer_blob(blob_path(layout, digest)) as tar:
             for member in tar:
-                if member.isfile() and member.name.lstrip("./").endswith(_KERNEL_CACHE_JSON):
+                if member.isfile() and member.name.lstrip("./").endswith(path):
                     data = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
-                    modules = {m: v["sha256"] for m, v in sorted(data.get("modules", {}).items())}
+                    modules[name] = dict(sorted(read(data).items()))
     return layers, modules
 
 
@@ -553,8 +562,9 @@ def print_contents(layout: Path) -> None:
     layers, modules = image_contents(layout)
     for name, digest, size in layers:
         print(f"layer {name:<13} {digest} {size} bytes")
-    for name, sha in modules.items():
-        print(f"kernel module {name:<24} sha256:{sha}")
+    for layer, found in modules.items():
+        for name, sha in found.items():
+            print(f"{_MODULE_MANIFESTS[layer][2]} {name:<24} sha256:{sha}")
 
 
 def default_repository_path(layout: Path) -> str:

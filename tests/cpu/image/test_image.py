@@ -143,26 +143,32 @@ def layer_digests(layout: Path) -> dict[str, str]:
 
 def test_push_prints_each_layer_and_kernel_module_digest(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """What `bazel run //image:push` prints so two machines can find the layer, and in the
-    kernel-cache layer the module, whose bytes differ (docs/DIGESTS.md records the reference)."""
+    """What `bazel run //image:push` prints so two machines can find the layer, and in a layer of
+    compiled modules (the kernel cache, SGLang's JIT modules) the module, whose bytes differ
+    (docs/DIGESTS.md records the reference)."""
     cache_json = {"modules": {"norm": {"sha256": "a" * 64}, "silu_and_mul": {"sha256": "b" * 64}}}
     kc = write_tree(tmp_path / "kc", {"flashinfer/data/aot/kernel_cache.json": json.dumps(cache_json),
                                       "flashinfer/data/aot/norm/norm.so": "x"})
+    jit_json = {"modules": [{"module": "sgl_kernel_jit_kda_fused_decode_true", "so_sha256": "c" * 64}]}
+    jit = write_tree(tmp_path / "jit", {"kimi-k3-sglang-jit.json": json.dumps(jit_json)})
     other = write_tree(tmp_path / "other", {"etc/hostname": "x\n"})
     argv = ["--out", str(tmp_path / "layout")]
-    for name, tree in (("base", other), ("kernel_cache", kc)):
-        desc, blob = build_layer(tmp_path / "layers", name, tree=[f"/={tree}"])
+    for name, tree in (("base", f"/={other}"), ("kernel_cache", f"/={kc}"),
+                       ("sglang_jit", f"/usr/share/kimi-k3/sglang-jit={jit}")):
+        desc, blob = build_layer(tmp_path / "layers", name, tree=[tree])
         argv += ["--layer", str(desc), str(blob)]
     assert oci_image.main(argv) == 0
     layers, modules = oci_push.image_contents(tmp_path / "layout")
-    assert [n for n, _, _ in layers] == ["base", "kernel_cache"]
+    assert [n for n, _, _ in layers] == ["base", "kernel_cache", "sglang_jit"]
     assert layers[1][1] == layer_digests(tmp_path / "layout")["kernel_cache"]
-    assert modules == {"norm": "a" * 64, "silu_and_mul": "b" * 64}
+    assert modules == {"kernel_cache": {"norm": "a" * 64, "silu_and_mul": "b" * 64},
+                       "sglang_jit": {"sgl_kernel_jit_kda_fused_decode_true": "c" * 64}}
     capsys.readouterr()
     oci_push.print_contents(tmp_path / "layout")
     out = capsys.readouterr().out
     assert f"layer kernel_cache  {layers[1][1]} {layers[1][2]} bytes" in out
     assert f"kernel module norm" in out and "sha256:" + "a" * 64 in out
+    assert "sglang-jit module sgl_kernel_jit_kda_fused_decode_true sha256:" + "c" * 64 in out
 
 
 def registry_tags(reg_host: str, path: str) -> list[str]:
