@@ -342,8 +342,11 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
     leaf's recorded dependencies, so a link is as good as the leaf), and anything new (another
     module, other args) is built and published beside it in the writable directories. A root
     SGLang could only read would fail at the first miss, when load_jit takes its build lock.
-    Existing entries are kept (an earlier start's links, the operator's own builds). On failure
-    the links and directories this call made are removed, so nothing half-linked is left."""
+    Existing entries are kept (an earlier start's links, the operator's own builds), except a
+    link into `shipped` whose leaf is gone (an earlier image's, on a volume): SGLang stats every
+    leaf of a build directory before it looks, and one dangling link makes the whole directory a
+    miss. On failure the links and directories this call made are removed, so nothing
+    half-linked is left."""
     manifest_path = os.path.join(shipped, SGLANG_JIT_MANIFEST)
     if not os.path.exists(manifest_path):
         return 0  # an image without prebuilt SGLang JIT modules: SGLang's defaults stand
@@ -370,6 +373,10 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
             for d in reversed(missing):
                 os.mkdir(d)
                 made.append(d)
+            for entry in os.scandir(os.path.dirname(dest)):
+                if entry.is_symlink() and os.readlink(entry.path).startswith(shipped + "/") \
+                        and not os.path.exists(entry.path):
+                    os.unlink(entry.path)
             if not os.path.lexists(dest):
                 os.symlink(os.path.join(shipped, leaf), dest)
                 made.append(dest)

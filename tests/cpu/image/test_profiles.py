@@ -669,6 +669,14 @@ def test_the_entrypoint_links_the_shipped_sglang_jit_builds_into_a_writable_cach
     assert again.returncode == 0, again.stderr
     assert own.is_dir() and not own.is_symlink()
     assert sorted(p.name for p in own.parent.iterdir()) == ["deps-11", "deps-33"]
+    # An earlier image's link whose leaf this image does not ship is dropped (SGLang's lookup
+    # stats every leaf of the directory, and a dangling one makes it a miss); another dangling
+    # link, not into the image's directory, is the operator's and stays.
+    (own.parent / "deps-00").symlink_to(shipped / "sm_120f" / "situ_and_mul" / "build-aa" / "deps-00")
+    (own.parent / "deps-99").symlink_to(tmp_path / "elsewhere")
+    again = run_entrypoint(tmp_path, ["--model-path", "/m"], {"HOME": str(home)}, jit_dir=shipped)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in own.parent.iterdir()) == ["deps-11", "deps-33", "deps-99"]
 
 
 def test_the_entrypoint_refuses_a_cache_it_cannot_link_into_and_leaves_nothing(tmp_path: Path) -> None:
