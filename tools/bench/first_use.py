@@ -9,7 +9,8 @@ startup tier).
 
 Table 2 (--build): in N fresh clones of HEAD (default 2), each with its own output root and an
 empty disk cache (Bazel cold), first the image layers the SGLang JIT build runs on
-(`tools/bazel build --config=pypi //image:layer_base ... //image:layer_sglang`), then, timed, what the SGLang JIT layer
+(`tools/bazel build --config=pypi //jit_cache:sglang_jit_12_0f_image_inputs`: the base tar and
+the installed trees of the layers below SGLang's JIT layer), then, timed, what the SGLang JIT layer
 adds to the main job (`tools/bazel build --config=pypi //image:layer_sglang_jit`: the modules of
 jit_cache/sglang_modules.json built for 12.0f and their layer written), with the layer's
 compressed size and digest. Every root must give the same digest (exit 1 otherwise). The
@@ -33,9 +34,9 @@ from tools.common.errors import UserError, run_cli
 
 ELAPSED_RE = re.compile(r"INFO: Elapsed time: ([\d.]+)s, Critical Path: ([\d.]+)s")
 LAYER = "//image:layer_sglang_jit"
-# The layers the SGLang JIT build runs on (jit_cache/BUILD.bazel SGLANG_JIT_LAYERS).
-BELOW = ["//image:layer_base", "//image:layer_torch", "//image:layer_third_party", "//image:layer_flashinfer",
-         "//image:layer_sglang"]
+# What the SGLang JIT build runs on: the image's base tar and installed layer trees (the rule's
+# output group, so the list of layers stays in jit_cache/BUILD.bazel).
+BELOW = "//jit_cache:sglang_jit_12_0f_image_inputs"
 
 
 def sites_table(inventory_dir: Path) -> str:
@@ -66,10 +67,11 @@ def build_rows(work: Path, roots: int, keep: bool) -> tuple[list[str], bool]:
         env = base_env | {"KIMI_K3_BAZEL_OUTPUT_ROOT": str(work / f"out-{name}"),
                           "KIMI_K3_DISK_CACHE": str(work / f"disk-{name}")}
         try:
-            rc, below_s, _ = run(["tools/bazel", "build", "--config=pypi", *BELOW], work / name, env,
+            rc, below_s, _ = run(["tools/bazel", "build", "--config=pypi", BELOW], work / name, env,
                                  work / f"{name}-below.log")
             if rc != 0:
-                raise UserError(f"{name}: building the layers below failed (exit {rc}); see {work / name}-below.log")
+                raise UserError(f"{name}: `tools/bazel build --config=pypi {BELOW}` failed (exit {rc}); "
+                                f"see {work / name}-below.log")
             rc, secs, out = run(["tools/bazel", "build", "--config=pypi", LAYER], work / name, env, work / f"{name}.log")
             if rc != 0:
                 raise UserError(f"{name}: `tools/bazel build --config=pypi {LAYER}` failed (exit {rc}); see {work / name}.log")
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print(f"[bench] kept {work}", file=sys.stderr)
         text += ("\nThe SGLang JIT layer, cold (own output root, empty disk cache), after the layers it is built "
-                 f"on:\n\n| root | `build --config=pypi` {', '.join(b.split(':')[1] for b in BELOW)} | `build --config=pypi {LAYER}` (the main job's "
+                 f"on:\n\n| root | `build --config=pypi {BELOW}` | `build --config=pypi {LAYER}` (the main job's "
                  "extra) | layer size | layer digest |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n" +
                  f"\n{'Every root gave the same layer digest.' if same else '**The roots gave different layer digests.**'}\n")
     print(text)

@@ -55,6 +55,7 @@ from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, sha256_digest
+from tools.image.profiles import SGLANG_JIT_IMAGE_PATH, SGLANG_JIT_MANIFEST
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 USER_ENV, PASSWORD_ENV = "KIMI_K3_REGISTRY_USERNAME", "KIMI_K3_REGISTRY_PASSWORD"
@@ -531,7 +532,7 @@ LAYER_ANNOTATION = LABEL_PREFIX + "layer"  # how tools/image/layout.py names eac
 _MODULE_MANIFESTS = {
     "kernel_cache": ("flashinfer/data/aot/kernel_cache.json",
                      lambda data: {m: v["sha256"] for m, v in data.get("modules", {}).items()}, "kernel module"),
-    "sglang_jit": ("usr/share/kimi-k3/sglang-jit/kimi-k3-sglang-jit.json",
+    "sglang_jit": (f"{SGLANG_JIT_IMAGE_PATH.lstrip('/')}/{SGLANG_JIT_MANIFEST}",
                    lambda data: {m["module"]: m["so_sha256"] for m in data.get("modules", [])}, "sglang-jit module"),
 }
 

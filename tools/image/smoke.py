@@ -54,6 +54,7 @@ from tools.common.hashing import sha256_file
 from tools.image import profile_probe, profiles
 from tools.image.layout import blob_path, config_env, read_index_manifest
 from tools.image.layer import SITE_PACKAGES
+from tools.jit_cache.inventory import read_inventory
 
 # launch_profiles: "*" = every launch profile the image ships.
 PROFILES: dict[str, dict[str, list[str]]] = {
@@ -372,19 +373,6 @@ PROFILE_CHECK_DIR = "/tmp/kimi-k3-profile-check"
 PROFILE_CHECK_ENV = ("CUDA_VISIBLE_DEVICES=", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
 
 
-def load_inventory(path: Path) -> dict[str, Any]:
-    """A first-use inventory (jit_cache/inventory.<stack>.json), validated as the jit_cache stage does."""
-    from tools.jit_cache.inventory import validate_inventory
-
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"--inventory {path}: unreadable ({type(e).__name__}: {e}); "
-                        "pass jit_cache/inventory.<stack>.json") from None
-    validate_inventory(data, f"--inventory {path}")
-    return data
-
-
 def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str] = (),
                           profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
                           needs: Path = profiles.DEFAULT_NEEDS, inventory: Path | None = None) -> list[profiles.Verdict]:
@@ -399,7 +387,7 @@ def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str]
     table = profiles.load_needs(needs)
     cache = (profiles.kernel_cache_of_plan(kernel_cache_plan) if kernel_cache_plan
              else profiles.kernel_cache_of_image(inside(rootfs, "/" + SITE_PACKAGES)))
-    listed = load_inventory(inventory) if inventory else None
+    listed = read_inventory(inventory, "--inventory") if inventory else None
     caches = profiles.first_use_caches_of_image(inside(rootfs, profiles.SGLANG_JIT_IMAGE_PATH))
     work = inside(rootfs, PROFILE_CHECK_DIR)
     shutil.rmtree(work, ignore_errors=True)

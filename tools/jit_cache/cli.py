@@ -30,7 +30,7 @@ from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
 from tools.jit_cache.sglang_aot import add_sglang_commands
-from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_json, validate_inventory
+from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_inventory, read_json
 from tools.jit_cache.tree import gated_tree, tree_from_dir
 
 EXIT_DIFFERS = 1
@@ -82,15 +82,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     built = named_paths(args.built, "--built", form="STACK=FILE", what="stack")
     failed = False
     for stack, path in sorted(built.items()):
-        ours = read_json(path, "--built")
-        validate_inventory(ours, f"--built {stack}={path}")
+        ours = read_inventory(path, "--built")
         target = _checked_in(args.inventory_dir, stack)
         if not target.is_file():
             print(f"jit_cache/{target.name}: missing for stack {stack}; run `{UPDATE_COMMAND}` and commit it", file=sys.stderr)
             failed = True
             continue
-        theirs = read_json(target, "checked-in inventory")
-        validate_inventory(theirs, f"jit_cache/{target.name}")
+        theirs = read_inventory(target, "checked-in inventory")
         for line in differences(ours, theirs):
             print(f"jit_cache/{target.name}: {line}; run `{UPDATE_COMMAND}` and review `git diff jit_cache/`", file=sys.stderr)
             failed = True
@@ -107,8 +105,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     built = named_paths(args.built, "--built", form="STACK=FILE", what="stack")
     directory = workspace_path(args.inventory_dir)
     for stack, path in sorted(built.items()):
-        data = read_json(path, "--built")
-        validate_inventory(data, f"--built {stack}={path}")
+        data = read_inventory(path, "--built")
         write_bytes_atomic(_checked_in(directory, stack), review_json(data))
         log(f"wrote {_checked_in(directory, stack)}")
     return 0

@@ -37,6 +37,13 @@ def read_json(path: Path, what: str) -> Any:
         raise UserError(f"{what} {path}: not JSON (line {e.lineno}: {e.msg}); fix the file") from None
 
 
+def read_inventory(path: Path, what: str) -> dict[str, Any]:
+    """An inventory file, read and validated (one line naming the file and the fix otherwise)."""
+    data = read_json(path, what)
+    validate_inventory(data, f"{what} {path}")
+    return data
+
+
 def _need(obj: Any, key: str, kind: type, where: str) -> Any:
     if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
         raise UserError(f"{where}: expected a {kind.__name__} at '{key}'; fix the file")
@@ -149,7 +156,9 @@ def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mappi
 
 
 def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str],
-            aot: Mapping[tuple[str, str], list[dict[str, Any]]]) -> tuple[str, str]:
+            aot: Mapping[tuple[str, str], list[dict[str, Any]]]) -> tuple[str, str, list[dict[str, Any]]]:
+    """(status, reason, what the image holds for a prebuilt site: the launch-profile check looks
+    each entry up in the image; empty for a gap)."""
     d = site.details
     # Every gap says where serving compiles it and what a user can do about it: the cache to keep
     # on a persistent volume (SGLang points Triton's and inductor's under $SGLANG_CACHE_DIR when
@@ -158,22 +167,23 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
     if site.kind == "flashinfer":
         module = d.get("kernel_cache_module") or apis.get(site.name)
         if module and module in shipped:
-            return PREBUILT, f"FlashInfer module {module} is in the kernel cache ({plan_name})"
+            return PREBUILT, f"FlashInfer module {module} is in the kernel cache ({plan_name})", [{"module": module}]
         if module:
             return GAP, (f"needs FlashInfer module {module}, which {plan_name} does not build (FLASHINFER_DISABLE_JIT=1: "
                          "MissingJITCacheError); add it to kernel_cache/modules.json and the kernel selection "
-                         "(kernel_cache/README.md 'How to extend it')")
+                         "(kernel_cache/README.md 'How to extend it')"), []
         return GAP, ("FlashInfer API not mapped to a kernel-cache module in jit_cache/reach.json: whether it "
                      "JIT-compiles (a JIT module, or its CuTe-DSL disk cache) is not determined; map it in "
-                     "reach.json flashinfer_apis")
+                     "reach.json flashinfer_apis"), []
     if site.kind == "sglang-jit":
         if (site.file, site.name) in aot:
             args = "; ".join(json.dumps(b["args"], sort_keys=True) for b in aot[(site.file, site.name)])
             return PREBUILT, (f"SGLang JIT module built ahead of time for args {args} (jit_cache/sglang_modules.json) "
                               "and shipped by //image:layer_sglang_jit in SGLang's cache layout, which the "
-                              "entrypoint links into $SGLANG_JIT_CACHE_DIR; other args compile at first call")
+                              "entrypoint links into $SGLANG_JIT_CACHE_DIR; other args compile at first call"), \
+                list(aot[(site.file, site.name)])
         return GAP, ("load_jit compiles it into $SGLANG_JIT_CACHE_DIR at first call: add the call and its args to "
-                     "jit_cache/sglang_modules.json to build it ahead of time" + keep.format("$SGLANG_JIT_CACHE_DIR"))
+                     "jit_cache/sglang_modules.json to build it ahead of time" + keep.format("$SGLANG_JIT_CACHE_DIR")), []
     if site.kind == "triton":
         tune = d.get("autotune")
         cache = "$TRITON_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/triton)"
@@ -181,18 +191,18 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
             n = tune.get("configs")
             count = f"{n} configs" if n is not None else "configs not countable statically"
             return GAP, (f"autotuned ({count}, key {tune.get('key')}): every config compiled and benchmarked on the "
-                         "device at first launch; no ahead-of-time build yet" + keep.format(cache))
+                         "device at first launch; no ahead-of-time build yet" + keep.format(cache)), []
         return GAP, ("Triton compiles it at first launch per specialization; no ahead-of-time build yet"
-                     + keep.format(cache))
+                     + keep.format(cache)), []
     if site.kind == "cute-dsl":
         if d.get("use") == "aot-cache":
             return GAP, ("SGLang's CuTe-DSL AOT cache ships empty: filled at first compile"
-                         + keep.format("$SGLANG_CUTE_AOT_CACHE_DIR (default $SGLANG_CACHE_DIR/cute_aot)"))
+                         + keep.format("$SGLANG_CUTE_AOT_CACHE_DIR (default $SGLANG_CACHE_DIR/cute_aot)")), []
         return GAP, ("cute.compile at first call in each serving process; no ahead-of-time build yet; warm up "
-                     "with a request before serving")
+                     "with a request before serving"), []
     if site.kind == "inductor":
         return GAP, ("torch.compile traces and compiles at first call; its inductor kernels cannot be enumerated "
-                     "statically" + keep.format("$TORCHINDUCTOR_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/inductor)"))
+                     "statically" + keep.format("$TORCHINDUCTOR_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/inductor)")), []
     raise AssertionError(site.kind)
 
 
@@ -291,17 +301,14 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
         counts[site.kind]["total"] += 1
         if site_id not in reached_by:
             continue
-        status, reason = _reason(site, shipped, plan_name, apis, aot)
+        status, reason, holds = _reason(site, shipped, plan_name, apis, aot)
         counts[site.kind]["reached"] += 1
         counts[site.kind][status] += 1
         tier = "startup" if site_id in startup_sites else "lazy"
         counts[site.kind]["startup"] += tier == "startup"
         details = {k: v for k, v in site.details.items() if k != "kernel_cache_module"}
-        # What the image must hold for a prebuilt site (the launch-profile check looks it up).
-        if site.kind == "sglang-jit" and status == PREBUILT:
-            details["prebuilt"] = aot[(site.file, site.name)]
-        elif site.kind == "flashinfer" and status == PREBUILT:
-            details["prebuilt"] = [{"module": site.details.get("kernel_cache_module") or apis[site.name]}]
+        if holds:
+            details["prebuilt"] = holds
         reached_sites[site_id] = {
             "kind": site.kind,
             "file": site.file,
