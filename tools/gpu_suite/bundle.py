@@ -13,6 +13,9 @@ DIR holds:
                   the host's Python) verified against the lock
   tvm_ffi/        tvm-ffi's headers from the stack's own apache-tvm-ffi pin, the one the image
                   ships, which every object is compiled against (as `kernel_cache unpack-tvm-ffi`)
+  sglang_jit/     SGLang's JIT modules for 9.0a keyed for the GPU host (gpu_host.json
+                  sglang_jit_runtime; //jit_cache:sglang_jit_9_0a_gpu_host), with the stack's SGLang
+                  wheel as the patch gate gives it in wheels/ (`run.sh --sglang-jit`: the proof)
   repo/           this checkout's tools, tests/gpu and kernel_cache data that the GPU host runs,
                   copied from the target's runfiles (nothing is fetched on the GPU host)
 
@@ -38,7 +41,7 @@ from tools.common.progress import human_bytes
 from tools.fetch.cache import Cache
 from tools.fetch.cli import DEFAULT_TIMEOUT_S, Context, fetch_pin
 from tools.fetch.sources import mirror_dirs
-from tools.gpu_suite.host import MANIFEST, SCHEMA_VERSION
+from tools.gpu_suite.host import MANIFEST, SCHEMA_VERSION, SGLANG_JIT_MANIFEST
 from tools.kernel_cache.plans import CUDA_TOOLCHAIN
 from tools.kernel_cache.toolchain import unpack_tvm_ffi
 from tools.pins import lock as pins_lock
@@ -191,7 +194,8 @@ def _fetcher(lock: pins_lock.Lock) -> Callable[[FilePin], Path]:
 
 def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer_wheel: Path,
                  spec: HostSpec, python: str, root: Path = ROOT,
-                 fetch: Callable[[FilePin], Path] | None = None) -> dict[str, Any]:
+                 fetch: Callable[[FilePin], Path] | None = None,
+                 sglang_wheel: Path | None = None, sglang_jit: Path | None = None) -> dict[str, Any]:
     """Write the bundle into out (replaced whole); returns its manifest. `fetch(pin) -> Path`
     gives a pin's verified file (default: tools/fetch, through the artifact cache)."""
     stack = lock.stack(stack_name)
@@ -205,6 +209,15 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
         raise UserError(f"{lock.path}: stack {stack_name} has no tvm_ffi pin; the kernel cache "
                         "is compiled against the stack's apache-tvm-ffi headers")
     tvm_pin = lock.pin(tvm_role)
+    # SGLang's kernels are pure Python (the wheel's CPython 3.11 tag is for its Rust extension,
+    # which the kernels do not import), so its wheel goes in whatever the host's Python.
+    sg_wheel = wheel_file(sglang_wheel, "--sglang-wheel") if sglang_wheel else None
+    if sglang_jit is not None and not (sglang_jit / SGLANG_JIT_MANIFEST).is_file():
+        raise UserError(f"--sglang-jit {sglang_jit}: no {SGLANG_JIT_MANIFEST}; pass the output of "
+                        "//jit_cache:sglang_jit_9_0a_gpu_host")
+    if (sg_wheel is None) != (sglang_jit is None):
+        raise UserError("--sglang-wheel / --sglang-jit: give both (the proof needs the SGLang tree "
+                        "the cache was keyed on) or neither")
     with dir_replaced_atomically(out, "--out") as tmp:
         wheels = tmp / "wheels"
         wheels.mkdir()
@@ -214,6 +227,13 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
         for pin in pins:
             shutil.copyfile(fetch(pin), wheels / pin.filename)
             sources[f"wheels/{pin.filename}"] = pin.name
+        if sg_wheel is not None and sglang_jit is not None:
+            shutil.copyfile(sg_wheel, wheels / sg_wheel.name)
+            sources[f"wheels/{sg_wheel.name}"] = f"{stack.roles.get('sglang')} through the patch gate (stack {stack_name})"
+            shutil.copytree(sglang_jit, tmp / "sglang_jit")
+            for p in (tmp / "sglang_jit").rglob("*"):
+                p.chmod(0o755 if p.is_dir() or p.suffix == ".so" else 0o644)
+            sources["sglang_jit"] = "//jit_cache:sglang_jit_9_0a_gpu_host"
         unpack_tvm_ffi(fetch(tvm_pin), tmp / "tvm_ffi")
         sources["tvm_ffi"] = f"headers of {tvm_pin.name}"
         repo_files = copy_repo(root, tmp / "repo")
@@ -226,6 +246,8 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
             "python": python,
             "nvcc_release": lock.toolchain(CUDA_TOOLCHAIN).release,
             "flashinfer_wheel": f"wheels/{fi_wheel.name}",
+            "sglang_wheel": f"wheels/{sg_wheel.name}" if sg_wheel else None,
+            "sglang_jit_cache": "sglang_jit" if sglang_jit is not None else None,
             "wheels": sorted(f"wheels/{p.filename}" for p in pins),
             "from_host": list(spec.from_host),
             "sources": sources,
@@ -234,7 +256,8 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
         # Key order as written: the file table last.
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f["size"] for f in manifest["files"].values())
-    for rel in [manifest["flashinfer_wheel"], *manifest["wheels"]]:
+    for rel in [manifest["flashinfer_wheel"], *([manifest["sglang_wheel"]] if sg_wheel else []),
+                *manifest["wheels"]]:
         print(f"  {human_bytes(manifest['files'][rel]['size']):>9}  {rel}", file=sys.stderr)
     print(f"  + tvm_ffi/ headers, repo/ ({repo_files} files), run.sh, {MANIFEST}", file=sys.stderr)
     return manifest | {"total_size": total}
@@ -249,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--flashinfer-wheel", type=Path,
                     default=os.environ.get("KIMI_GPU_BUNDLE_FLASHINFER"),
                     help="the stack's FlashInfer wheel as the patch gate gives it (under Bazel: set)")
+    ap.add_argument("--sglang-wheel", type=Path, default=os.environ.get("KIMI_GPU_BUNDLE_SGLANG"),
+                    help="the stack's SGLang wheel as the patch gate gives it (under Bazel: set)")
+    ap.add_argument("--sglang-jit", type=Path, default=os.environ.get("KIMI_GPU_BUNDLE_SGLANG_JIT"),
+                    help="//jit_cache:sglang_jit_9_0a_gpu_host's output (under Bazel: set)")
     ap.add_argument("--lock", type=Path, default=pins_lock.DEFAULT_LOCK)
     args = ap.parse_args(argv)
     if not args.stack or not args.flashinfer_wheel:
@@ -258,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = workspace_path(args.out).absolute()
     manifest = write_bundle(out, lock=pins_lock.load(args.lock), stack_name=args.stack,
                             flashinfer_wheel=Path(args.flashinfer_wheel), spec=spec,
-                            python=args.python or spec.python)
+                            python=args.python or spec.python,
+                            sglang_wheel=Path(args.sglang_wheel) if args.sglang_wheel else None,
+                            sglang_jit=Path(args.sglang_jit) if args.sglang_jit else None)
     print(f"wrote {out}: stack {manifest['stack']}, CPython {manifest['python']}, "
           f"{len(manifest['files'])} files, {human_bytes(manifest['total_size'])}")
     print(f"next: copy {out} to the GPU host and run `sh {out.name}/run.sh` there")

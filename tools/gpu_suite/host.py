@@ -13,7 +13,14 @@ and runs tests/gpu:
   5. `python3 -m tools.kernel_cache build ... --out WORK/kc`, objects cached in WORK/objcache
      (content-addressed: a second run compiles nothing);
   6. `python3 -m tools.gpu_suite` with every bundled wheel and WORK/kc: the table and
-     `N passed, N failed, N skipped`. The exit status is the suite's.
+     `N passed, N failed, N skipped`;
+  7. the SGLang JIT proof, where the bundle has one (its sglang_jit/): WORK/sglang-site holds the
+     bundle's wheels and the stack's SGLang; tests/gpu/test_sglang_jit_gpu.py runs with no compiler
+     reachable (PATH an empty directory, CUDA_HOME and TRITON_PTXAS_PATH at gpu_host.json's missing
+     directory, SGLANG_CRASH_ON_JIT_COMPILE=1) over a read-only copy of the cache, then
+     tools/gpu_suite/first_call.py times each module's first call with and without it.
+     `--sglang-jit` runs only this step (no kernel-cache build).
+The exit status is nonzero when any step failed.
 
 Each command is printed before it runs. WORK is DIR/work unless --work says otherwise.
 """
@@ -24,6 +31,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +54,9 @@ DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
 # runs on the GPU host, where only the bundle's copy of tools/ exists).
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
+SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"  # tools/jit_cache/sglang_aot.py MANIFEST
+SGLANG_JIT_PROOF = REPO / "tests" / "gpu" / "test_sglang_jit_gpu.py"
+HOST_SPEC = REPO / "tools" / "gpu_suite" / "gpu_host.json"
 # Of the host's available memory, what the compilers may plan to use (the rest: page cache, the
 # build's own Python, the system).
 MEM_FRACTION = 0.85
@@ -143,9 +154,54 @@ def suite_command(*, wheels: Sequence[Path], kernel_cache: Path, junit: Path,
     cmd = [sys.executable, "-m", "tools.gpu_suite"]
     for w in wheels:
         cmd += ["--wheel", str(w)]
-    cmd += ["--kernel-cache", str(kernel_cache), "--junit", str(junit),
-            "--tests", str(REPO / "tests" / "gpu")]
+    # The SGLang JIT proof runs apart (step 7): its process has no compiler reachable.
+    tests = sorted(str(t) for t in (REPO / "tests" / "gpu").glob("test_*.py") if t != SGLANG_JIT_PROOF)
+    cmd += ["--kernel-cache", str(kernel_cache), "--junit", str(junit), "--tests", *tests]
     return cmd + (["-k", keyword] if keyword else [])
+
+
+def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda: Path,
+                     dry_run: bool) -> int:
+    """Step 7 (the module docstring): the proof's pytest, then the first-call table."""
+    from tools.gpu_suite.first_call import proof_env
+
+    cache_rel = manifest.get("sglang_jit_cache")
+    if not cache_rel or not manifest.get("sglang_wheel"):
+        raise UserError(f"{bundle / MANIFEST}: no SGLang JIT cache in this bundle; make it with "
+                        "this checkout's `tools/bazel run //tools/gpu_suite:bundle`")
+    wheels = [bundle / manifest["flashinfer_wheel"], bundle / manifest["sglang_wheel"],
+              *[bundle / w for w in manifest["wheels"]]]
+    ninja = [w for w in wheels if w.name.startswith("ninja-")]
+    runtime = json.loads(HOST_SPEC.read_text())["sglang_jit_runtime"]
+    site, cache = work / "sglang-site", work / "sglang-jit"
+    env = proof_env(cache, runtime, work)
+    env |= {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "PYTHONUNBUFFERED": "1",
+            "KIMI_SGLANG_JIT_CACHE": str(cache), "KIMI_SGLANG_JIT_RUNTIME": str(HOST_SPEC)}
+    proof = [sys.executable, "-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider",
+             "-o", "junit_family=xunit1", f"--junitxml={work / 'sglang-jit.xml'}", str(SGLANG_JIT_PROOF)]
+    bench = [sys.executable, "-m", "tools.gpu_suite.first_call", "--cache", str(cache),
+             "--runtime", str(HOST_SPEC), "--cuda-home", str(cuda),
+             "--ninja-wheel", str(ninja[0] if ninja else "missing-ninja-wheel"), "--scratch", str(work)]
+    shown = f"PATH={env['PATH']} CUDA_HOME={env['CUDA_HOME']} SGLANG_JIT_CACHE_DIR={cache} "
+    if dry_run:
+        print(f"+ {shown}{shlex.join(proof)}\n+ {shlex.join(bench)}")
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    unpack_into(site, wheels)
+    # A read-only copy: every module must be a hit (a miss would need to write there).
+    if cache.exists():  # an earlier run's copy: writable again so it can be replaced
+        for p in [cache, *cache.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    with dir_replaced_atomically(cache, str(cache)) as tmp:
+        shutil.copytree(bundle / cache_rel, tmp, dirs_exist_ok=True)
+    for p in sorted(cache.rglob("*"), reverse=True):
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    cache.chmod(0o555)
+    print(f"unpacked {len(wheels)} wheels into {site}; SGLang JIT cache {cache} (read-only)", flush=True)
+    rc = _run(proof, env, shown)
+    bench_env = dict(os.environ) | {"PYTHONPATH": env["PYTHONPATH"], "PYTHONUNBUFFERED": "1"}
+    bench_rc = _run(bench, bench_env)
+    return rc or bench_rc
 
 
 def unpack_into(target: Path, wheels: Sequence[Path]) -> None:
@@ -171,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mem-budget-mb", type=int, help=f"compilers' memory plan (default: {MEM_FRACTION} of MemAvailable)")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression for the suite")
     ap.add_argument("--dry-run", action="store_true", help="check and print the commands, run none")
+    ap.add_argument("--sglang-jit", action="store_true", help="only the SGLang JIT proof (step 7): no kernel-cache build, no suite")
     args = ap.parse_args(argv)
     bundle = args.bundle.absolute()
     work = (args.work or bundle / "work").absolute()
@@ -178,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_python(manifest)
     print(f"bundle {bundle}: stack {manifest['stack']}, {len(manifest['files'])} files match "
           f"{MANIFEST}", flush=True)
+    if args.sglang_jit:
+        return sglang_jit_proof(bundle, manifest, work, cuda_home(args.cuda_home), args.dry_run)
     selections = load_selections(SELECTIONS)
     if args.arch:
         arch = args.arch
@@ -203,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pythonpath = os.pathsep.join([str(site), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
     if args.dry_run:
         print(f"+ PYTHONPATH={pythonpath} {shlex.join(build)}\n+ {shlex.join(suite)}")
+        if manifest.get("sglang_jit_cache"):
+            sglang_jit_proof(bundle, manifest, work, cuda, True)
         return 0
     work.mkdir(parents=True, exist_ok=True)
     unpack_into(site, deps)
@@ -214,7 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"the kernel cache build failed (exit {rc}; its output above); rerun "
                         "run.sh to resume it (finished objects are kept in WORK/objcache)")
     print(f"kernel cache {arch} {selection}: built in {time.monotonic() - t0:.0f} s", flush=True)
-    return _run(suite, os.environ)
+    rc = _run(suite, os.environ)
+    if manifest.get("sglang_jit_cache"):
+        rc = sglang_jit_proof(bundle, manifest, work, cuda, False) or rc
+    return rc
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python3 -m tools.jit_cache[.sglang_aot] build-sglang --stack S --arch 12.0f|9.0a --modules FILE
         --base-tar BASE.tar --site-tree DIR... --site-packages /usr/local/lib/python3.X/dist-packages
-        --cuda-home C --userland U --out OUT
+        --cuda-home C --userland U [--runtime HOST.json] --out OUT
 
 OUT holds `<target>/<module>/build-<build_key>/deps-<deps_key>/{sgl_deps.json,<module>.so}` (what
 `$SGLANG_JIT_CACHE_DIR` holds after SGLang built them itself) and `kimi-k3-sglang-jit.json`, the
@@ -16,6 +16,12 @@ every leaf; only its compile step is handed the pinned toolchain (the worker's d
 it changes and why none of it changes a key). Nothing of the machine is read: no GPU, no CUDA, no
 compiler but the pinned ones. Bad input (an unknown stack or arch, a call that fails) is one line
 per entry and leaves OUT as it was.
+
+--runtime keys the modules for a runtime other than the image (the GPU proof's host, whose torch is
+its own): the file's `sglang_jit_runtime` object gives that runtime's CUDA_HOME (a directory it does
+not have, so no compiler is reachable there either) and the versions it reports of the
+distributions SGLang keys by version string only (RUNTIME_DISTRIBUTIONS); the modules' bytes are
+the image build's, only the build key's directory differs.
 """
 from __future__ import annotations
 
@@ -45,6 +51,10 @@ ARCHS = {
     "9.0a": ((9, 0), "NVIDIA H200", "sm90a"),
 }
 SCHEMA_VERSION = 1
+# Distributions SGLang's build key reads by version string only and no module compiles against:
+# the ones a --runtime may answer for (apache-tvm-ffi and flashinfer-python are compiled in).
+RUNTIME_DISTRIBUTIONS = ("torch", "nvidia-mathdx", "deep_gemm")
+RUNTIME_KEY = "sglang_jit_runtime"
 
 
 def log(msg: str) -> None:
@@ -85,6 +95,39 @@ def load_modules(path: Path, stack: str) -> list[dict[str, Any]]:
             raise UserError(f"{where}: {call} with these args is listed twice; delete one")
         seen.add(key)
     return entries
+
+
+def load_runtime(path: Path | None) -> dict[str, Any] | None:
+    """The `sglang_jit_runtime` object of PATH (None: the image's own runtime), checked:
+    {"cuda_home": an absolute path the runtime does not have, "distributions": {name: version or
+    null}} with names from RUNTIME_DISTRIBUTIONS."""
+    if path is None:
+        return None
+    try:
+        data = loads_unique_keys(path.read_text(), str(path))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
+    runtime = data.get(RUNTIME_KEY) if isinstance(data, dict) else None
+    where = f"--runtime {path}: {RUNTIME_KEY}"
+    if not isinstance(runtime, dict) or set(runtime) - {"cuda_home", "distributions", "why"}:
+        raise UserError(f"{where}: expected an object of cuda_home, distributions (and why); see "
+                        "tools/jit_cache/sglang_aot.py")
+    cuda_home = runtime.get("cuda_home")
+    if not isinstance(cuda_home, str) or not cuda_home.startswith("/"):
+        raise UserError(f"{where}.cuda_home: {cuda_home!r} is not an absolute path; give the "
+                        "CUDA_HOME the runtime sets (a directory without nvcc)")
+    dists = runtime.get("distributions", {})
+    if not isinstance(dists, dict) or not all(v is None or (isinstance(v, str) and v) for v in dists.values()):
+        raise UserError(f"{where}.distributions: expected {{name: version or null}}")
+    other = sorted(set(dists) - set(RUNTIME_DISTRIBUTIONS))
+    if other:
+        raise UserError(f"{where}.distributions: {', '.join(other)} cannot differ from the image "
+                        f"(the modules compile against it); only {', '.join(RUNTIME_DISTRIBUTIONS)} may")
+    return {"cuda_home": cuda_home, "distributions": dict(sorted(dists.items()))}
+
+
+def _runtime_env(runtime: dict[str, Any] | None) -> dict[str, str]:
+    return {"CUDA_HOME": runtime["cuda_home"]} if runtime else {}
 
 
 def image_python(site_packages: str) -> str:
@@ -230,11 +273,13 @@ def _report_errors(result: dict[str, Any], modules_file: Path, stack: str, total
 
 
 def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site_trees: Sequence[Path],
-                 site_packages: str, cuda_home: str, userland: str, out: Path) -> int:
+                 site_packages: str, cuda_home: str, userland: str, out: Path,
+                 runtime_file: Path | None = None) -> int:
     from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, real_roots
 
     capability, device_name, target = _arch(arch)
     entries = load_modules(modules_file, stack)
+    runtime = load_runtime(runtime_file)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-jit-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -267,16 +312,18 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
             "cuda_home": str(tc.cuda_home),
             "prefix_maps": prefix_maps,
             "scratch": str(scratch / "worker"),
+            "runtime": runtime,
         }
         log(f"stack {stack}, arch {arch}: building {len(entries)} SGLang JIT module(s) through "
             f"SGLang's load_jit (nvcc {tc.nvcc_version_text}, {tc.cxx_version})")
-        result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(cache_dir)}, "build-sglang")
+        result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(cache_dir),
+                                            **_runtime_env(runtime)}, "build-sglang")
         _report_errors(result, modules_file, stack, len(entries), "build-sglang",
                        "fix or remove those entries")
         if result["target"] != target:
             raise UserError(f"build-sglang: SGLang keyed the modules for {result['target']}, not "
                             f"{target} ({arch}); the stand-in device did not take")
-        manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps)
+        manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps, runtime)
         with dir_replaced_atomically(out, "--out") as tmp:
             # Of each leaf only what SGLang reads back: sgl_deps.json and the module (the
             # staging's objects, depfiles and ninja log hold build paths and times).
@@ -293,12 +340,14 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
 
 
 def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
-                 site_trees: Sequence[Path], site_packages: str, cache: Path) -> int:
+                 site_trees: Sequence[Path], site_packages: str, cache: Path,
+                 runtime_file: Path | None = None) -> int:
     """SGLang's own loader, in the image's tree with no compiler reachable and
     SGLANG_CRASH_ON_JIT_COMPILE=1, over a read-only copy of CACHE: every listed module must be a
     hit on the manifest's leaf and load (tvm-ffi's dlopen). One line per module; exit 1 on a miss."""
     capability, device_name, target = _arch(arch)
     entries = load_modules(modules_file, stack)
+    runtime = load_runtime(runtime_file)
     manifest_file = cache / MANIFEST
     try:
         manifest = json.loads(manifest_file.read_text())
@@ -318,10 +367,11 @@ def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
                 os.chmod(os.path.join(dirpath, name), 0o444)
             os.chmod(dirpath, 0o555)
         request = {"mode": "check", "capability": list(capability), "device_name": device_name,
-                   "modules": entries}
+                   "modules": entries, "runtime": runtime}
         try:
             result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(shipped),
-                                                "SGLANG_CRASH_ON_JIT_COMPILE": "1"}, "check-sglang")
+                                                "SGLANG_CRASH_ON_JIT_COMPILE": "1",
+                                                **_runtime_env(runtime)}, "check-sglang")
         finally:
             for dirpath, dirnames, filenames in os.walk(shipped):
                 os.chmod(dirpath, 0o755)
@@ -357,7 +407,7 @@ def _fixed(path: str, prefix_maps: Sequence[Sequence[str]]) -> str:
 
 
 def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc: Any,
-              prefix_maps: Sequence[Sequence[str]]) -> dict[str, Any]:
+              prefix_maps: Sequence[Sequence[str]], runtime: dict[str, Any] | None) -> dict[str, Any]:
     modules = []
     for m in result["modules"]:
         so = Path(m["so"])
@@ -386,7 +436,10 @@ def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc
         "environment_fingerprint": result["fingerprint"],
         "toolchain": tc.identity(),
         "modules": modules,
-    }
+    } | ({
+        # Keyed for another runtime than the image: what it must set and report for these keys.
+        "runtime": {"cuda_home": runtime["cuda_home"], "distributions": result["distributions"]},
+    } if runtime else {})
 
 
 def add_sglang_commands(sub: Any) -> None:
@@ -403,9 +456,12 @@ def add_sglang_commands(sub: Any) -> None:
     bs.add_argument("--site-packages", required=True, help="the image's site-packages (image/constants.bzl SITE_PACKAGES)")
     bs.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda)")
     bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
+    bs.add_argument("--runtime", type=Path, help="key for another runtime: a JSON file with a "
+                    f"{RUNTIME_KEY} object (tools/gpu_suite/gpu_host.json)")
     bs.add_argument("--out", type=Path, required=True)
     bs.set_defaults(func=lambda a: build_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
-                                                a.site_packages, a.cuda_home, a.userland, a.out))
+                                                a.site_packages, a.cuda_home, a.userland, a.out,
+                                                a.runtime))
     cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
     for flag in ("--stack", "--arch"):
         cs.add_argument(flag, required=True)
@@ -414,8 +470,9 @@ def add_sglang_commands(sub: Any) -> None:
     cs.add_argument("--site-tree", type=Path, action="append", required=True)
     cs.add_argument("--site-packages", required=True, help="the image's site-packages (image/constants.bzl SITE_PACKAGES)")
     cs.add_argument("--cache", type=Path, required=True, help="build-sglang's output")
+    cs.add_argument("--runtime", type=Path, help="the --runtime the cache was built with")
     cs.set_defaults(func=lambda a: check_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
-                                                a.site_packages, a.cache))
+                                                a.site_packages, a.cache, a.runtime))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

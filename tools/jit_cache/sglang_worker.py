@@ -22,9 +22,16 @@ re-hashes) keeps the files the image ships (SGLang's kernel headers, tvm-ffi's, 
 NVIDIA wheels'); the toolchain's own headers are not in the image, so listing them would make
 every leaf a miss there: they are pinned by the build instead and reported to the caller.
 
+Keyed for another runtime (a GPU host whose torch is not the image's): the request's "runtime"
+names the versions that runtime's distributions report, for the ones SGLang keys by version string
+only (importlib.metadata) and no module compiles against (torch, nvidia-mathdx, deep_gemm; null:
+absent there), and the caller starts this worker with that runtime's CUDA_HOME. Nothing else of the
+key changes: the sources, headers and build file are the image's.
+
 Request (argv[1], JSON): {"capability": [12, 0], "device_name": str, "modules": [{"call":
 "pkg.mod:function", "args": [...]}], "compile_env": {...}, "nvcc": path, "cxx": path,
-"cuda_home": path, "prefix_maps": [[real, fixed], ...], "result": path}.
+"cuda_home": path, "prefix_maps": [[real, fixed], ...], "runtime": {"distributions": {name:
+version or null}} (optional), "result": path}.
 """
 from __future__ import annotations
 
@@ -51,6 +58,44 @@ def fake_device(capability, name):
     torch.cuda.current_device = lambda: 0
     torch.cuda.get_device_capability = lambda device=None: (major, minor)
     torch.cuda.get_device_name = lambda device=None: name
+
+
+def key_as_runtime(runtime):
+    """SGLang's build key reads each versioned distribution through importlib.metadata; answer
+    it as the target runtime would for the names the request gives (the caller has checked they
+    are only ones no module compiles against)."""
+    from importlib.metadata import PackageNotFoundError
+
+    from sglang.kernels.jit.utils.compile import cache
+
+    versions = (runtime or {}).get("distributions") or {}
+    if not versions:
+        return
+    original = cache.dist_version
+
+    def dist_version(name):
+        if name in versions:
+            if versions[name] is None:
+                raise PackageNotFoundError(name)
+            return versions[name]
+        return original(name)
+
+    cache.dist_version = dist_version
+
+
+def keyed_distributions():
+    """{distribution: version or "absent"} as the build key saw them."""
+    from importlib.metadata import PackageNotFoundError
+
+    from sglang.kernels.jit.utils.compile import cache
+
+    seen = {}
+    for name in cache._VERSIONED_PACKAGES:
+        try:
+            seen[name] = cache.dist_version(name)
+        except (PackageNotFoundError, ValueError):
+            seen[name] = "absent"
+    return seen
 
 
 def decode_arg(value):
@@ -108,6 +153,7 @@ def check(request):
     by the caller): each listed module function must find its leaf and load it (tvm-ffi's
     dlopen of the .so, every symbol bound)."""
     fake_device(tuple(request["capability"]), request["device_name"])
+    key_as_runtime(request.get("runtime"))
     from sglang.kernels.jit.utils.compile import cache, loader, toolchain
 
     result = {"modules": [], "errors": []}
@@ -140,6 +186,7 @@ def check(request):
                                   "leaf": str(found.get("leaf")), "loaded": type(module).__name__})
     result["target"] = cache._target_tag()
     result["fingerprint"] = cache._environment_fingerprint()
+    result["distributions"] = keyed_distributions()
     pathlib.Path(request["result"]).write_text(json.dumps(result, indent=1, sort_keys=True))
     return 0
 
@@ -150,6 +197,7 @@ def main(request_path):
         return check(request)
     result = {"modules": [], "errors": []}
     fake_device(tuple(request["capability"]), request["device_name"])
+    key_as_runtime(request.get("runtime"))
 
     from sglang.kernels.jit.utils.compile import cache, loader, ninja, toolchain
 
@@ -285,6 +333,7 @@ def main(request_path):
         })
     result["target"] = cache._target_tag()
     result["fingerprint"] = cache._environment_fingerprint()
+    result["distributions"] = keyed_distributions()
     pathlib.Path(request["result"]).write_text(json.dumps(result, indent=1, sort_keys=True))
     return 0
 

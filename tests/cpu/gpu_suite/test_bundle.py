@@ -48,12 +48,27 @@ def _stand_in_fetch(tmp: Path):
     return fetch
 
 
-def _bundle(tmp: Path, python: str = PYTHON) -> tuple[Path, dict]:
+def _sglang_jit(tmp: Path) -> tuple[Path, Path]:
+    """A stand-in SGLang wheel and JIT cache (the manifest and one leaf)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    sg = _wheel(tmp / "sglang-0.5.23+kimik3.stand.in-cp311-cp311-manylinux_2_34_x86_64.whl",
+                {"sglang/__init__.py": ""}, "0.5.23+kimik3.stand.in")
+    cache = tmp / "sglang-jit"
+    leaf = cache / "sm90a" / "m" / "build-0" / "deps-0"
+    leaf.mkdir(parents=True)
+    (leaf / "m.so").write_bytes(b"\x7fELF stand-in")
+    (cache / host.SGLANG_JIT_MANIFEST).write_text(json.dumps({"arch": "9.0a", "modules": []}))
+    return sg, cache
+
+
+def _bundle(tmp: Path, python: str = PYTHON, with_sglang_jit: bool = False) -> tuple[Path, dict]:
     fi = _wheel(tmp / "flashinfer_python-0+stand.in-py3-none-any.whl", {"flashinfer/__init__.py": ""})
     spec = bundle.load_host_spec(bundle.HOST_SPEC)
     out = tmp / "bundle"
+    sg, cache = _sglang_jit(tmp) if with_sglang_jit else (None, None)
     manifest = bundle.write_bundle(out, lock=_lock(), stack_name="pypi", flashinfer_wheel=fi,
-                                   spec=spec, python=python, fetch=_stand_in_fetch(tmp / "pins"))
+                                   spec=spec, python=python, fetch=_stand_in_fetch(tmp / "pins"),
+                                   sglang_wheel=sg, sglang_jit=cache)
     return out, manifest
 
 
@@ -179,7 +194,55 @@ def test_run_sh_names_every_input_of_the_build_and_the_suite(tmp_path: Path) -> 
     assert " -m tools.gpu_suite " in suite and f"--kernel-cache {work / 'kc'}" in suite
     for rel in [manifest["flashinfer_wheel"], *manifest["wheels"]]:
         assert f"--wheel {out / rel}" in suite, rel
-    assert suite.endswith(f"--tests {out / 'repo/tests/gpu'}"), suite
+    # Every GPU test file but the SGLang JIT proof, which runs apart with no compiler reachable.
+    tests = sorted(p for p in (out / "repo/tests/gpu").glob("test_*.py") if p.name != "test_sglang_jit_gpu.py")
+    assert len(tests) == 3 and suite.endswith("--tests " + " ".join(map(str, tests))), suite
+
+
+def test_the_sglang_jit_proof_runs_with_no_compiler_reachable(tmp_path: Path) -> None:
+    """`run.sh --sglang-jit`: only the proof (no kernel-cache build); its pytest process has an
+    empty directory for PATH, CUDA_HOME at gpu_host.json's missing directory, the bundle's cache
+    (copied to WORK) as SGLANG_JIT_CACHE_DIR, compiling forbidden; then the first-call table."""
+    out, manifest = _bundle(tmp_path, with_sglang_jit=True)
+    assert manifest["sglang_wheel"].startswith("wheels/sglang-0.5.23+kimik3.stand.in-")
+    assert manifest["sglang_jit_cache"] == "sglang_jit"
+    assert f"sglang_jit/{host.SGLANG_JIT_MANIFEST}" in manifest["files"]
+    assert "sglang_jit/sm90a/m/build-0/deps-0/m.so" in manifest["files"]
+    runtime = json.loads(bundle.HOST_SPEC.read_text())["sglang_jit_runtime"]
+    cuda = _nvcc(tmp_path, manifest["nvcc_release"])
+    proc = _run_sh(out, "--sglang-jit", "--dry-run", "--cuda-home", str(cuda))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proof, bench = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    work = out / "work"
+    assert proof.startswith(f"+ PATH={work / 'no-compilers'} CUDA_HOME={runtime['cuda_home']} "
+                            f"SGLANG_JIT_CACHE_DIR={work / 'sglang-jit'} "), proof
+    assert proof.endswith(str(out / "repo/tests/gpu/test_sglang_jit_gpu.py")), proof
+    assert " -m tools.kernel_cache " not in proc.stdout
+    for arg in (f"--cache {work / 'sglang-jit'}", f"--cuda-home {cuda}",
+                f"--ninja-wheel {out / 'wheels'}/ninja-", " -m tools.gpu_suite.first_call "):
+        assert arg in bench, (arg, bench)
+    # The full run prints it after the build and the suite.
+    proc = _run_sh(out, "--dry-run", "--arch", "9.0a", "--cuda-home", str(cuda))
+    assert proc.returncode == 0 and proc.stdout.count("+ ") == 4, proc.stdout + proc.stderr
+
+
+def test_the_sglang_jit_proof_needs_a_bundle_that_has_one(tmp_path: Path) -> None:
+    out, _ = _bundle(tmp_path)
+    proc = _run_sh(out, "--sglang-jit", "--dry-run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: {out / 'manifest.json'}: no SGLang JIT cache in this bundle"), proc.stderr
+    sg, cache = _sglang_jit(tmp_path / "in")
+    fi = _wheel(tmp_path / "flashinfer_python-0+stand.in-py3-none-any.whl", {"flashinfer/__init__.py": ""})
+    spec = bundle.load_host_spec(bundle.HOST_SPEC)
+    kwargs = dict(lock=_lock(), stack_name="pypi", flashinfer_wheel=fi, spec=spec, python=PYTHON,
+                  fetch=_stand_in_fetch(tmp_path / "pins"))
+    with pytest.raises(UserError, match=r"--sglang-wheel / --sglang-jit: give both"):
+        bundle.write_bundle(tmp_path / "b2", sglang_wheel=sg, **kwargs)
+    (cache / host.SGLANG_JIT_MANIFEST).unlink()
+    with pytest.raises(UserError, match=rf"--sglang-jit {re.escape(str(cache))}: no kimi-k3-sglang-jit.json"):
+        bundle.write_bundle(tmp_path / "b3", sglang_wheel=sg, sglang_jit=cache, **kwargs)
+    assert not (tmp_path / "b2").exists() and not (tmp_path / "b3").exists()
 
 
 def test_run_sh_refuses_an_nvcc_the_plans_are_not_made_for(tmp_path: Path) -> None:

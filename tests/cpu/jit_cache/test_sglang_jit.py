@@ -30,8 +30,14 @@ def _paths(var: str) -> list[Path]:
 
 
 def _cache(arch: str) -> Path:
-    [cache] = _paths({"12.0f": "KIMI_SGLANG_JIT_120F", "9.0a": "KIMI_SGLANG_JIT_90A"}[arch])
+    [cache] = _paths({"12.0f": "KIMI_SGLANG_JIT_120F", "9.0a": "KIMI_SGLANG_JIT_90A",
+                      "9.0a-gpu-host": "KIMI_SGLANG_JIT_90A_GPU_HOST"}[arch])
     return cache
+
+
+def _gpu_host_spec() -> Path:
+    [spec] = _paths("KIMI_GPU_HOST_SPEC")
+    return spec
 
 
 def _image_inputs() -> tuple[Path, list[Path]]:
@@ -74,6 +80,48 @@ def test_the_shipped_tree_is_the_manifest(arch: str) -> None:
         # Only files the image ships are listed (SGLang re-hashes each at every lookup).
         assert {d[0] for d in deps} <= set(("kernels", "tvm_ffi", "pkg:flashinfer", "pkg:nvidia", "sitepkgs")), deps
         assert m["toolchain_dependencies"] and all(p.startswith(("/kimi-k3/", "/usr/")) for p in m["toolchain_dependencies"])
+
+
+def test_the_gpu_hosts_cache_answers_the_keys_of_that_hosts_runtime(capsys: pytest.CaptureFixture[str]) -> None:
+    """//jit_cache:sglang_jit_9_0a_gpu_host, what the bundle carries to the H200: SGLang's loader
+    with that host's answers (gpu_host.json sglang_jit_runtime: its torch's version, CUDA_HOME at
+    a missing directory) finds every module; the .so bytes are the image build's, only the build
+    key (its directory) differs; the image-keyed cache misses there, and this one in the image."""
+    base, trees = _image_inputs()
+    site = os.environ["KIMI_IMAGE_SITE_PACKAGES"]
+    cache, spec = _cache("9.0a-gpu-host"), _gpu_host_spec()
+    assert sglang_aot.check_sglang(STACK, "9.0a", MODULES, base, trees, site, cache, spec) == 0
+    assert capsys.readouterr().err.count("jit_cache: hit sm90a/") == len(json.loads(MODULES.read_text())["stacks"][STACK])
+    host = json.loads((cache / sglang_aot.MANIFEST).read_text())
+    image = json.loads((_cache("9.0a") / sglang_aot.MANIFEST).read_text())
+    runtime = json.loads(spec.read_text())["sglang_jit_runtime"]
+    assert host["runtime"]["cuda_home"] == runtime["cuda_home"] and "runtime" not in image
+    for name, version in runtime["distributions"].items():
+        assert host["runtime"]["distributions"][name] == (version or "absent")
+    by_module = {m["module"]: m for m in image["modules"]}
+    for m in host["modules"]:
+        assert m["so_sha256"] == by_module[m["module"]]["so_sha256"]
+        assert m["build_key"] != by_module[m["module"]]["build_key"]
+    n = len(host["modules"])
+    for other, other_spec in ((_cache("9.0a"), spec), (cache, None)):
+        with pytest.raises(UserError, match=f"check-sglang: {n} of {n} module"):
+            sglang_aot.check_sglang(STACK, "9.0a", MODULES, base, trees, site, other, other_spec)
+        assert capsys.readouterr().err.count("has no usable cached build") == n
+
+
+@pytest.mark.parametrize("runtime, message", [
+    ({"cuda_home": "rel/cuda", "distributions": {}}, r"cuda_home: 'rel/cuda' is not an absolute path"),
+    ({"cuda_home": "/x", "distributions": {"apache-tvm-ffi": "0.1.15"}},
+     r"apache-tvm-ffi cannot differ from the image \(the modules compile against it\)"),
+    ({"cuda_home": "/x", "distributions": {"torch": ""}}, r"distributions: expected \{name: version or null\}"),
+    ({"cuda_home": "/x", "env": {}}, r"expected an object of cuda_home, distributions"),
+])
+def test_runtime_mistakes_are_one_line(tmp_path: Path, runtime: dict, message: str) -> None:
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"sglang_jit_runtime": runtime}))
+    with pytest.raises(UserError, match=message):
+        sglang_aot.load_runtime(path)
+    assert sglang_aot.load_runtime(None) is None
 
 
 def test_keys_differ_per_arch() -> None:

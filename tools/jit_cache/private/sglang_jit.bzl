@@ -27,6 +27,10 @@ def _sglang_jit_cache_impl(ctx):
     args.add("--site-packages", SITE_PACKAGES)
     args.add("--cuda-home", ctx.file._cuda_identity.dirname)
     args.add("--userland", ctx.file._userland_identity.dirname)
+    extra = []
+    if ctx.file.runtime:
+        args.add("--runtime", ctx.file.runtime)
+        extra.append(ctx.file.runtime)
     args.add("--out", out.path)
 
     # Sandboxed and remote-cacheable: every input is declared (the image's base tar and
@@ -36,7 +40,7 @@ def _sglang_jit_cache_impl(ctx):
         executable = py.interpreter_path,
         arguments = ["-m", "tools.jit_cache.sglang_aot", args],
         inputs = depset(
-            tars + trees + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
+            tars + trees + extra + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
             transitive = [
                 ctx.attr._tool[DefaultInfo].default_runfiles.files,
                 ctx.attr._cuda[DefaultInfo].files,
@@ -65,6 +69,7 @@ sglang_jit_cache = rule(
         "arch": attr.string(mandatory = True, values = ["12.0f", "9.0a"]),
         "stack": attr.string(mandatory = True),
         "modules": attr.label(allow_single_file = [".json"], mandatory = True),
+        "runtime": attr.label(allow_single_file = [".json"], doc = "key the modules for another runtime than the image: a JSON file with a sglang_jit_runtime object (tools/jit_cache/sglang_aot.py --runtime)"),
         "layers": attr.label_list(providers = [LayerInfo], mandatory = True, doc = "the image's layers below SGLang's own, and SGLang's: base first"),
         "_tool": attr.label(default = "//tools/jit_cache:sglang_aot"),
         "_cuda": attr.label(default = "@kimi_cuda//:root"),
