@@ -1,7 +1,7 @@
 """What Triton compiles at the first prefill of a Kimi-K3 KDA layer, measured on this machine
 without a GPU (a benchmark that prints a table, not a test; issue #27's Triton groundwork):
 
-    python3 -m tools.bench.triton_first_use [--heads 3,24] [--tokens 64] [--keep DIR]
+    python3 -m tools.bench.triton_first_use [--heads 3,24] [--batch 64 [--batch 64,100 ...]] [--keep DIR]
 
 Builds the image's installed trees (`tools/bazel build --config=pypi
 //jit_cache:sglang_jit_12_0f_image_inputs`), then runs tools/jit_cache/triton_worker.py under the
@@ -15,26 +15,17 @@ cache (Triton's own key lookup for 12.0): exit 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from tools.bench.runs import REPO_ROOT, machine
 from tools.common.errors import UserError, run_cli
 
 INPUTS = "//jit_cache:sglang_jit_12_0f_image_inputs"
-WORKER = REPO_ROOT / "tools" / "jit_cache" / "triton_worker.py"
-# The stand-in device: an RTX PRO 6000 Blackwell (SM120): its opt-in shared memory per block and
-# SM count are what Triton and SGLang's FLA helpers read (autotune pruning, block sizes).
-DEVICE = {"capability": [12, 0], "device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-          "device_properties": {"max_shared_mem": 101376, "max_num_regs": 65536,
-                                "multiprocessor_count": 188, "warpSize": 32,
-                                "sm_clock_rate": 2400000, "mem_clock_rate": 14001000,
-                                "mem_bus_width": 512}}
 
 
 def image_inputs() -> tuple[Path, list[Path]]:
@@ -49,18 +40,6 @@ def image_inputs() -> tuple[Path, list[Path]]:
     return tars[0], [p for p in paths if p not in tars]
 
 
-def run_pass(image: Any, calls: list[dict[str, Any]], cache: Path, what: str) -> list[dict[str, Any]]:
-    request = dict(DEVICE, calls=calls, result=str(image.scratch / f"{what}.json"))
-    path = image.scratch / f"{what}-request.json"
-    path.write_text(json.dumps(request))
-    env = dict(image.env, TRITON_CACHE_DIR=str(cache))
-    proc = subprocess.run([str(image.python), str(WORKER), str(path)], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise UserError(f"{what}: the Triton worker failed (exit {proc.returncode}); see above")
-    return json.loads(Path(request["result"]).read_text())["passes"][0]
-
-
 def _site_packages() -> str:
     text = (REPO_ROOT / "image" / "constants.bzl").read_text()
     for line in text.splitlines():
@@ -69,11 +48,12 @@ def _site_packages() -> str:
     raise UserError("image/constants.bzl: no SITE_PACKAGES")
 
 
-def run_bench(heads: list[int], tokens: int, keep: Path | None) -> int:
+def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> int:
     from tools.jit_cache.sglang_aot import ImagePython
+    from tools.jit_cache.triton_aot import DEVICES, run_calls
 
     base, trees = image_inputs()
-    calls = [{"call": "sglang_kda_prefill", "heads": h, "tokens": tokens} for h in heads]
+    calls = [{"call": "sglang_kda_prefill", "args": {"heads": h, "sequences": b}} for h in heads for b in batches]
     ok = True
     with tempfile.TemporaryDirectory(prefix="triton-first-use-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -81,13 +61,13 @@ def run_bench(heads: list[int], tokens: int, keep: Path | None) -> int:
         cache = scratch / "triton-cache"
         # Each call in its own process, as each server process starts cold: an autotuner's
         # in-memory results must not carry from one head count to the next.
-        first = [run_pass(image, [c], cache, f"first-{i}")[0] for i, c in enumerate(calls)]
-        second = [run_pass(image, [c], cache, f"second-{i}")[0] for i, c in enumerate(calls)]
+        first = run_calls(image, DEVICES["12.0"], calls, cache, "first")
+        second = run_calls(image, DEVICES["12.0"], calls, cache, "second")
         files = [p for p in cache.rglob("*") if p.is_file()]
         size = sum(p.stat().st_size for p in files)
         needed = sum(p.stat().st_size for p in files if p.suffix in (".cubin", ".json"))
         print(f"machine: {machine()}")
-        print("| KDA heads | tokens | pass 1: kernels compiled (by kernel) | pass 1 s | pass 2: disk hits | pass 2 compiled | pass 2 s |")
+        print("| KDA heads | sequence lengths | pass 1: kernels compiled (by kernel) | pass 1 s | pass 2: disk hits | pass 2 compiled | pass 2 s |")
         print("|---|---|---|---|---|---|---|")
         for a, b in zip(first, second):
             for row in (a, b):
@@ -95,7 +75,7 @@ def run_bench(heads: list[int], tokens: int, keep: Path | None) -> int:
                     ok = False
                     print(f"error: {row['call']} {row['args']}: {row['error']}", file=sys.stderr)
             by_kernel = ", ".join(f"{n} {c}" for n, c in sorted(Counter(a["compiled"]).items()))
-            print(f"| {a['args']['heads']} | {a['args']['tokens']} | {len(a['compiled'])} ({by_kernel}) | "
+            print(f"| {a['args']['heads']} | {','.join(map(str, a['args']['sequences']))} | {len(a['compiled'])} ({by_kernel}) | "
                   f"{a['seconds']:.1f} | {len(b['hits'])} | {len(b['compiled'])} | {b['seconds']:.1f} |")
             ok = ok and not b["compiled"] and bool(b["hits"])
         print(f"Triton cache: {len(list(cache.iterdir()))} entries, {size / 1e6:.1f} MB "
@@ -110,14 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m tools.bench.triton_first_use",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--heads", default="3,24", help="KDA local head counts (comma separated)")
-    ap.add_argument("--tokens", type=int, default=64, help="prompt tokens of the one sequence")
+    ap.add_argument("--batch", action="append", help="a prefill batch's sequence lengths, comma separated (repeat; default 64)")
     ap.add_argument("--keep", type=Path, help="copy the Triton cache there")
     args = ap.parse_args(argv)
     try:
         heads = [int(h) for h in args.heads.split(",") if h]
+        batches = [[int(n) for n in b.split(",") if n] for b in (args.batch or ["64"])]
     except ValueError:
-        raise UserError(f"--heads {args.heads}: not comma-separated integers") from None
-    return run_bench(heads, args.tokens, args.keep)
+        raise UserError(f"--heads {args.heads} / --batch {args.batch}: not comma-separated integers") from None
+    return run_bench(heads, batches, args.keep)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,12 @@ SGLang's JIT modules (load_jit) of `modules` built ahead of time for `arch` (12.
 SGLang's own cache layout, by SGLang's own load_jit running under the image's python3.11 over the
 `layers`' installed trees (tools/jit_cache/sglang_aot.py); one sandboxed action, remote-cacheable.
 
+    triton_cache(name, arch, stack, calls, layers)
+
+The Triton kernels of `calls` (SGLang's own serving calls, tools/jit_cache/triton_worker.py) for
+`arch` (12.0) in Triton's cache layout, compiled through Triton's launch path against a stand-in
+device under the image's python3.11 over the `layers`' trees (tools/jit_cache/triton_aot.py).
+
 INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
 every stack (//tests/cpu/jit_cache:inventory_current).
 """
@@ -20,8 +26,10 @@ every stack (//tests/cpu/jit_cache:inventory_current).
 load("//tools/jit_cache/private:inventory.bzl", _CHECK_ARGS = "CHECK_ARGS", _CHECK_DATA = "CHECK_DATA", _jit_cache_inventories = "jit_cache_inventories")
 
 load("//tools/jit_cache/private:sglang_jit.bzl", _sglang_jit_cache = "sglang_jit_cache")
+load("//tools/jit_cache/private:triton_cache.bzl", _triton_cache = "triton_cache")
 
 INVENTORY_CHECK_ARGS = _CHECK_ARGS
 INVENTORY_CHECK_DATA = _CHECK_DATA
 jit_cache_inventories = _jit_cache_inventories
 sglang_jit_cache = _sglang_jit_cache
+triton_cache = _triton_cache

@@ -13,7 +13,7 @@ config it keeps. Tensors live on the CPU: Triton reads only their dtype and data
 16-byte alignment matches a CUDA allocation's.
 
 Request (argv[1], JSON): {"capability": [12, 0], "device_name": str, "device_properties": {...},
-"calls": [{"call": "sglang_kda_prefill", "heads": H, "tokens": T}], "passes": 2, "result": path}.
+"calls": [{"call": "sglang_kda_prefill", "heads": H, "sequences": [T, ...]}], "result": path}.
 The caller sets TRITON_CACHE_DIR. Result: per pass and call, the kernels Triton compiled and the
 ones its cache answered (knobs.compilation.listener), and the seconds taken.
 """
@@ -112,26 +112,45 @@ def import_sglang():
     sys.modules["sglang"] = package
 
 
-def sglang_kda_prefill(heads, tokens):
-    """The KDA prefill call of SGLang's Triton KDA backend (kernels/kda_triton.py extend ->
-    fla.kda.chunk_kda) as kda_backend.forward_extend makes it for one sequence: q/k/v and the raw
-    gate `a` [1, T, H, 128] bf16, raw beta [1, T, H] bf16, the fp32 state pool, int32 slot
-    indices and query_start_loc, fp32 A_log [H] and dt_bias [H*128], lower bound -5."""
+def sglang_kda_prefill(heads, sequences):
+    """One KDA layer's prefill as SGLang's KDA backend runs it with the Triton prefill kernel
+    (the SM120 choice: kda_backend.forward_extend): the causal conv1d over the packed qkv
+    (`_convolve_prefill`: mixed_qkv [T, 3*H*128] bf16, Kimi-K3's qkv_conv1d weights fp32 [3*H*128, 4]
+    without bias, the bf16 conv pool [slots, 3, 3*H*128] seen transposed), then
+    `TritonKDAKernel.extend` -> fla.kda.chunk_kda on the split q/k/v, the raw gate `a`
+    [1, T, H, 128] bf16, raw beta [1, T, H] bf16, the fp32 state pool, int32 slot indices and
+    query_start_loc, fp32 A_log [H] and dt_bias [H*128], lower bound -5 (K3's gate_lower_bound),
+    for a batch of new sequences of these lengths."""
     import torch
 
     from sglang.kernels.ops.attention.fla.kda import chunk_kda
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
 
     bf16 = torch.bfloat16
-    shape = (1, tokens, heads, KDA_HEAD)
-    q, k, v, g = (torch.randn(shape).to(bf16) for _ in range(4))
+    seg = heads * KDA_HEAD
+    tokens = sum(sequences)
+    starts = [0]
+    for n in sequences:
+        starts.append(starts[-1] + n)
+    slots = len(sequences) + 2
+    query_start_loc = torch.tensor(starts, dtype=torch.int32)
+    cache_indices = torch.arange(1, len(sequences) + 1, dtype=torch.int32)
+    mixed_qkv = torch.randn(tokens, 3 * seg).to(bf16)
+    conv_pool = torch.zeros(slots, 3, 3 * seg, dtype=bf16)
+    qkv = causal_conv1d_fn(mixed_qkv.transpose(0, 1), torch.randn(3 * seg, 4), None,
+                           activation="silu", conv_states=conv_pool.transpose(-1, -2),
+                           has_initial_state=torch.zeros(len(sequences), dtype=torch.bool),
+                           cache_indices=cache_indices, query_start_loc=query_start_loc,
+                           seq_lens_cpu=list(sequences)).transpose(0, 1)
+    q, k, v = (t.unflatten(-1, (-1, KDA_HEAD)).unsqueeze(0) for t in qkv.split([seg, seg, seg], dim=-1))
+    a = torch.randn(1, tokens, seg).to(bf16).unflatten(-1, (-1, KDA_HEAD))
     beta = torch.rand(1, tokens, heads).to(bf16)
-    ssm_states = torch.zeros(8, heads, KDA_HEAD, KDA_HEAD, dtype=torch.float32)
-    chunk_kda(q=q, k=k, v=v, g=g, beta=beta, initial_state=ssm_states,
-              initial_state_indices=torch.tensor([3], dtype=torch.int32),
-              use_qk_l2norm_in_kernel=True,
-              cu_seqlens=torch.tensor([0, tokens], dtype=torch.int32),
+    ssm_states = torch.zeros(slots, heads, KDA_HEAD, KDA_HEAD, dtype=torch.float32)
+    chunk_kda(q=q, k=k, v=v, g=a, beta=beta, initial_state=ssm_states,
+              initial_state_indices=cache_indices, use_qk_l2norm_in_kernel=True,
+              cu_seqlens=query_start_loc,
               A_log=torch.randn(heads, dtype=torch.float32),
-              dt_bias=torch.randn(heads * KDA_HEAD, dtype=torch.float32),
+              dt_bias=torch.randn(seg, dtype=torch.float32),
               lower_bound=KDA_LOWER_BOUND, beta_is_raw=True)
 
 

@@ -1,0 +1,84 @@
+"""The Triton stage's own logic on fixtures (tools/jit_cache/triton_aot.py; the image build and its
+check are //tests/cpu/jit_cache:triton_check_pypi): which files of Triton's cache are shipped, how
+`bind` makes a TRITON_CACHE_DIR take them, the call list's mistakes."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.common.errors import UserError
+from tools.jit_cache import triton_aot
+
+
+def _entry(cache: Path, key: str, kernel: str, extra: tuple[str, ...] = ()) -> None:
+    d = cache / key
+    d.mkdir(parents=True)
+    names = [f"{kernel}.cubin", f"{kernel}.json", f"{kernel}.ptx", f"{kernel}.ttir", *extra]
+    for n in names:
+        (d / n).write_bytes(n.encode())
+    (d / f"__grp__{kernel}.json").write_text(json.dumps({"child_paths": {n: str(d / n) for n in names}}))
+
+
+def test_only_what_a_hit_reads_is_shipped(tmp_path: Path) -> None:
+    cache = tmp_path / "triton"
+    _entry(cache, "AAAA", "k1")
+    _entry(cache, "BBBB", "k2")
+    (cache / "CCCC").mkdir()
+    (cache / "CCCC" / "k1.autotune.json").write_text("{}")  # an autotune result: not shipped
+    (cache / "DDDD").mkdir()  # an unfinished entry: no group file
+    entries = triton_aot.shipped_entries(cache)
+    assert sorted(entries) == ["AAAA", "BBBB"]
+    assert entries["AAAA"]["kernel"] == "k1" and sorted(entries["AAAA"]["files"]) == ["k1.cubin", "k1.json"]
+    (cache / "BBBB" / "__grp__k2.json").write_text(json.dumps({"child_paths": {"k2.ptx": "x"}}))
+    with pytest.raises(UserError, match=r"BBBB: k2 has no .cubin and .json"):
+        triton_aot.shipped_entries(cache)
+
+
+def test_bind_points_group_files_at_the_shipped_files(tmp_path: Path) -> None:
+    shipped = tmp_path / "shipped"
+    (shipped / "AAAA").mkdir(parents=True)
+    for n in ("k1.cubin", "k1.json"):
+        (shipped / "AAAA" / n).write_bytes(b"x")
+    manifest = {"schema_version": triton_aot.SCHEMA_VERSION,
+                "entries": {"AAAA": {"kernel": "k1", "files": {"k1.cubin": "0", "k1.json": "0"}},
+                            "BBBB": {"kernel": "k2", "files": {"k2.cubin": "0", "k2.json": "0"}}}}
+    (shipped / triton_aot.MANIFEST).write_text(json.dumps(manifest))
+    runtime = tmp_path / "runtime"
+    (runtime / "BBBB").mkdir(parents=True)
+    own = runtime / "BBBB" / "__grp__k2.json"
+    own.write_text("the runtime's own")  # an entry the directory has stays as it is
+    assert triton_aot.bind(shipped, runtime) == 1
+    group = json.loads((runtime / "AAAA" / "__grp__k1.json").read_text())
+    assert group == {"child_paths": {n: str(shipped.absolute() / "AAAA" / n) for n in ("k1.cubin", "k1.json")}}
+    assert own.read_text() == "the runtime's own"
+    assert triton_aot.bind(shipped, runtime) == 0
+
+
+@pytest.mark.parametrize("stacks, message", [
+    ({"pypi": [{"call": "nope", "args": {}, "why": "x"}]}, r"call 'nope' is not one of sglang_kda_prefill"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}}]}, r"an object of call, args, why"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": [], "why": "x"}]}, r"args is not an object"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": " "}]}, r"why is empty"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": "x"}] * 2}, r"stacks.pypi\[1\]: listed twice"),
+    ({"default": []}, r"no stacks.pypi; add it"),
+])
+def test_call_list_mistakes_are_one_line(tmp_path: Path, stacks: dict, message: str) -> None:
+    path = tmp_path / "calls.json"
+    path.write_text(json.dumps({"stacks": stacks}))
+    with pytest.raises(UserError, match=message):
+        triton_aot.load_calls(path, "pypi")
+
+
+def test_the_checked_in_call_list_loads_for_every_stack() -> None:
+    path = Path("jit_cache/triton_calls.json")
+    for stack in json.loads(path.read_text())["stacks"]:
+        triton_aot.load_calls(path, stack)
+    with pytest.raises(UserError, match=r"--arch 9.0: not one of 12.0"):
+        triton_aot.build_triton("pypi", "9.0", path, Path("base.tar"), [], "/usr/local/lib/python3.11/dist-packages", Path("out"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

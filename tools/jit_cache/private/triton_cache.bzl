@@ -1,0 +1,65 @@
+"""triton_cache: Triton kernels of SGLang's serving calls built ahead of time in Triton's cache
+layout (see //tools/jit_cache:defs.bzl)."""
+
+load("//image:constants.bzl", "SITE_PACKAGES")
+load("//tools/image/private:providers.bzl", "LayerInfo")
+
+def _triton_cache_impl(ctx):
+    out = ctx.actions.declare_directory(ctx.label.name)
+    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
+    tars = []
+    trees = []
+    for layer in ctx.attr.layers:
+        info = layer[LayerInfo]
+        tars += info.tars
+        if info.installed:
+            trees.append(info.installed)
+    if len(tars) != 1:
+        fail("%s: layers must hold exactly one base rootfs tar (//image:layer_base), got %d" % (ctx.label, len(tars)))
+    args = ctx.actions.args()
+    args.add("build-triton")
+    args.add("--stack", ctx.attr.stack)
+    args.add("--arch", ctx.attr.arch)
+    args.add("--calls", ctx.file.calls)
+    args.add("--base-tar", tars[0])
+    for tree in trees:
+        args.add("--site-tree", tree.path)
+    args.add("--site-packages", SITE_PACKAGES)
+    args.add("--out", out.path)
+
+    # Sandboxed and remote-cacheable: the image's base tar and installed trees, the call list and
+    # the tool's sources are every input (Triton and its ptxas are the image's own).
+    ctx.actions.run(
+        executable = py.interpreter_path,
+        arguments = ["-m", "tools.jit_cache.triton_aot", args],
+        inputs = depset(
+            tars + trees + [ctx.file.calls],
+            transitive = [ctx.attr._tool[DefaultInfo].default_runfiles.files],
+        ),
+        outputs = [out],
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": ".",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+        },
+        mnemonic = "TritonCache",
+        progress_message = "Compiling Triton kernels of SGLang's serving calls for %s (stack %s)" % (ctx.attr.arch, ctx.attr.stack),
+    )
+    return [
+        DefaultInfo(files = depset([out])),
+        OutputGroupInfo(image_inputs = depset(tars + trees)),
+    ]
+
+triton_cache = rule(
+    implementation = _triton_cache_impl,
+    doc = "Triton cache entries of `calls` (its `stack` entries) for `arch`, + kimi-k3-triton.json. Output group image_inputs: the base tar and installed trees it ran on (for check-triton).",
+    attrs = {
+        "arch": attr.string(mandatory = True, values = ["12.0"]),
+        "stack": attr.string(mandatory = True),
+        "calls": attr.label(allow_single_file = [".json"], mandatory = True),
+        "layers": attr.label_list(providers = [LayerInfo], mandatory = True, doc = "the image's layers up to SGLang's own: base first"),
+        "_tool": attr.label(default = "//tools/jit_cache:triton_aot"),
+    },
+    toolchains = ["@bazel_tools//tools/python:toolchain_type"],
+)
