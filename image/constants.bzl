@@ -22,6 +22,11 @@ SBOM_PATH = "/usr/share/kimi-k3/sbom.spdx.json"
 # into the writable $SGLANG_JIT_CACHE_DIR.
 SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
 
+# Triton kernels of SGLang's serving calls built ahead of time (//jit_cache:triton_12_0), read-only,
+# Triton's cache entries without their group files, with the manifest kimi-k3-triton.json; the
+# entrypoint writes their group files into the writable $TRITON_CACHE_DIR.
+TRITON_DIR = "/usr/share/kimi-k3/triton"
+
 # The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be
 # built for (the kernel-cache layer action refuses any other).
 IMAGE_CUDA_ARCH = "12.0f"

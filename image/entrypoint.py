@@ -35,7 +35,10 @@ First-use caches: the image ships SGLang's JIT modules built ahead of time, read
 /usr/share/kimi-k3/sglang-jit (SGLang's cache layout); before it starts SGLang the entrypoint
 links them into the writable $SGLANG_JIT_CACHE_DIR (default $SGLANG_CACHE_DIR/jit, SGLang's own
 ~/.cache/sglang/jit when neither is set), where SGLang's load_jit finds them and publishes
-whatever else it builds.
+whatever else it builds. Likewise Triton kernels of SGLang's serving calls, in
+/usr/share/kimi-k3/triton (Triton's cache entries without their group files): the entrypoint writes
+each entry's group file into the writable $TRITON_CACHE_DIR (default $SGLANG_CACHE_DIR/triton,
+where SGLang points Triton), naming the shipped files, so Triton takes them as hits.
 
 Stdlib only at start: it runs as the image's PID 1 before anything else is imported.
 """
@@ -55,6 +58,8 @@ PROFILES_DIR = "/usr/share/kimi-k3/profiles"
 # SGLang's cache layout, with their manifest (tools/jit_cache/sglang_aot.py MANIFEST).
 SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
 SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
+TRITON_DIR = "/usr/share/kimi-k3/triton"
+TRITON_MANIFEST = "kimi-k3-triton.json"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
@@ -396,6 +401,77 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
     return sum(os.path.islink(p) for p in made)
 
 
+def triton_cache_dir(env: Mapping[str, str]) -> str:
+    """Where Triton looks up and writes its cache: $TRITON_CACHE_DIR, else $SGLANG_CACHE_DIR/triton
+    (what SGLang sets it to at import, ~/.cache/sglang/triton when neither is set)."""
+    if env.get("TRITON_CACHE_DIR"):
+        return env["TRITON_CACHE_DIR"]
+    return os.path.join(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"), "triton")
+
+
+def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
+    """Write, for every Triton cache entry the image ships (read-only), its group file
+    `<key>/__grp__<kernel>.json` into the writable Triton cache, naming the shipped files, and
+    set TRITON_CACHE_DIR to it; returns how many it wrote (tools/jit_cache/triton_aot.py `bind`
+    writes the same for a cache elsewhere).
+
+    Triton finds an entry by its group file in `<cache>/<key>/` and reads the files the group
+    names wherever they are, so the shipped files are hits and what Triton compiles besides goes
+    into the writable directory. An entry the directory already has is kept (an earlier start's,
+    or Triton's own). On failure the files and directories this call made are removed."""
+    manifest_path = os.path.join(shipped, TRITON_MANIFEST)
+    if not os.path.exists(manifest_path):
+        return 0  # an image without prebuilt Triton kernels: Triton's defaults stand
+    import json
+
+    try:
+        with open(manifest_path) as f:
+            entries = {str(k): (str(e["kernel"]), [str(n) for n in e["files"]])
+                       for k, e in json.load(f)["entries"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CacheError(f"{manifest_path}: unreadable ({type(e).__name__}: {e}); rebuild the image") from None
+    for key, (kernel, files) in entries.items():
+        for name in [key, kernel, *files]:
+            if not name or "/" in name or name in (".", ".."):
+                raise CacheError(f"{manifest_path}: entry {key!r} names {name!r}, not a file of {shipped}; "
+                                 "rebuild the image")
+    root = triton_cache_dir(env)
+    made: list[str] = []  # files and directories, in the order made
+    try:
+        for key, (kernel, files) in sorted(entries.items()):
+            key_dir = os.path.join(root, key)
+            group = os.path.join(key_dir, f"__grp__{kernel}.json")
+            if os.path.lexists(group):
+                continue
+            parts, missing = key_dir, []
+            while parts and not os.path.isdir(parts):
+                missing.append(parts)
+                parts = os.path.dirname(parts)
+            for d in reversed(missing):
+                os.mkdir(d)
+                made.append(d)
+            tmp = f"{group}.tmp.{os.getpid()}"
+            made.append(tmp)
+            with open(tmp, "w") as f:
+                json.dump({"child_paths": {n: os.path.join(shipped, key, n) for n in files}}, f)
+            os.replace(tmp, group)
+            made[-1] = group
+    except OSError as e:
+        for path in reversed(made):
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+        raise CacheError(f"TRITON_CACHE_DIR={root}: cannot write the image's prebuilt Triton kernels' group "
+                         f"files into it ({e.strerror or e}: {e.filename or root}); point TRITON_CACHE_DIR (or "
+                         "SGLANG_CACHE_DIR) at a writable directory") from None
+    env["TRITON_CACHE_DIR"] = root
+    return sum(not os.path.isdir(p) for p in made)
+
+
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["--profile"], ["--print-profile"]):
         if len(argv) != 2:
@@ -423,6 +499,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         env = dict(os.environ)
         link_sglang_jit_cache(env)
+        bind_triton_cache(env)
     except CacheError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,10 +10,11 @@ startup tier).
 Table 2 (--build): in N fresh clones of HEAD (default 2), each with its own output root and an
 empty disk cache (Bazel cold), first the image layers the SGLang JIT build runs on
 (`tools/bazel build --config=pypi //jit_cache:sglang_jit_12_0f_image_inputs`: the base tar and
-the installed trees of the layers below SGLang's JIT layer), then, timed, what the SGLang JIT layer
-adds to the main job (`tools/bazel build --config=pypi //image:layer_sglang_jit`: the modules of
-jit_cache/sglang_modules.json built for 12.0f and their layer written), with the layer's
-compressed size and digest. Every root must give the same digest (exit 1 otherwise). The
+the installed trees of the layers below SGLang's JIT layer), then, timed one by one, what each
+first-use cache layer adds to the main job (`tools/bazel build --config=pypi //image:layer_<L>`:
+sglang_jit, the modules of jit_cache/sglang_modules.json for 12.0f; triton, the kernels of
+jit_cache/triton_calls.json for 12.0; each layer written), with the layer's compressed size and
+digest. Every root must give the same digest for each layer (exit 1 otherwise). The
 downloads' cache and the sealed Bazel root are kept, as in `python3 -m tools.bench`.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ from tools.bench.runs import REPO_ROOT, clone, machine, run, shutdown
 from tools.common.errors import UserError, run_cli
 
 ELAPSED_RE = re.compile(r"INFO: Elapsed time: ([\d.]+)s, Critical Path: ([\d.]+)s")
-LAYER = "//image:layer_sglang_jit"
+# The first-use cache layers the main job adds above what they are built on, timed one by one.
+LAYERS = ("sglang_jit", "triton")
 # What the SGLang JIT build runs on: the image's base tar and installed layer trees (the rule's
 # output group, so the list of layers stays in jit_cache/BUILD.bazel).
 BELOW = "//jit_cache:sglang_jit_12_0f_image_inputs"
@@ -53,14 +55,15 @@ def sites_table(inventory_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _descriptor(clone_dir: Path) -> dict[str, Any]:
+def _descriptor(clone_dir: Path, layer: str) -> dict[str, Any]:
     """The layer's descriptor from the clone's last build (bazel-bin is that build's configuration)."""
-    return json.loads((clone_dir / "bazel-bin" / "image" / "layer_sglang_jit.layer.json").read_text())
+    return json.loads((clone_dir / "bazel-bin" / "image" / f"layer_{layer}.layer.json").read_text())
 
 
 def build_rows(work: Path, roots: int, keep: bool) -> tuple[list[str], bool]:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_BAZEL_OUTPUT_ROOT", "KIMI_K3_DISK_CACHE"))}
-    rows, digests = [], set()
+    rows: list[str] = []
+    digests: dict[str, set[str]] = {}
     for i in range(roots):
         name = f"root-{i + 1}"
         clone(work / name)
@@ -72,26 +75,30 @@ def build_rows(work: Path, roots: int, keep: bool) -> tuple[list[str], bool]:
             if rc != 0:
                 raise UserError(f"{name}: `tools/bazel build --config=pypi {BELOW}` failed (exit {rc}); "
                                 f"see {work / name}-below.log")
-            rc, secs, out = run(["tools/bazel", "build", "--config=pypi", LAYER], work / name, env, work / f"{name}.log")
-            if rc != 0:
-                raise UserError(f"{name}: `tools/bazel build --config=pypi {LAYER}` failed (exit {rc}); see {work / name}.log")
-            m = ELAPSED_RE.findall(out)
-            bazel = f"Bazel {float(m[-1][0]):.0f} s, critical path {float(m[-1][1]):.0f} s" if m else "no Bazel summary"
-            desc = _descriptor(work / name)
-            digests.add(desc["digest"])
-            rows.append(f"| {name} | {below_s:.0f} s | {secs:.0f} s ({bazel}) | {desc['size'] / 1e6:.2f} MB | "
-                        f"`{desc['digest'][:19]}...` |")
+            for layer in LAYERS:
+                label = f"//image:layer_{layer}"
+                rc, secs, out = run(["tools/bazel", "build", "--config=pypi", label], work / name, env,
+                                    work / f"{name}-{layer}.log")
+                if rc != 0:
+                    raise UserError(f"{name}: `tools/bazel build --config=pypi {label}` failed (exit {rc}); "
+                                    f"see {work / name}-{layer}.log")
+                m = ELAPSED_RE.findall(out)
+                bazel = f"Bazel {float(m[-1][0]):.0f} s, critical path {float(m[-1][1]):.0f} s" if m else "no Bazel summary"
+                desc = _descriptor(work / name, layer)
+                digests.setdefault(layer, set()).add(desc["digest"])
+                rows.append(f"| {name} | {below_s:.0f} s | `{layer}` | {secs:.0f} s ({bazel}) | "
+                            f"{desc['size'] / 1e6:.2f} MB | `{desc['digest'][:19]}...` |")
         finally:
             shutdown(work / name, env)
             if not keep:
                 for d in (f"out-{name}", f"disk-{name}", name):
                     subprocess.run(["rm", "-rf", "--one-file-system", str(work / d)], check=False)
-    return rows, len(digests) == 1
+    return rows, all(len(d) == 1 for d in digests.values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--build", action="store_true", help="also time the SGLang JIT layer cold, in --roots output roots")
+    p.add_argument("--build", action="store_true", help="also time the first-use cache layers cold, in --roots output roots")
     p.add_argument("--roots", type=int, default=2, help="fresh clones and output roots for --build (default 2)")
     p.add_argument("--inventory-dir", type=Path, default=REPO_ROOT / "jit_cache")
     p.add_argument("--record", type=Path, help="append the tables to this measurements file")
@@ -114,10 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
             else:
                 print(f"[bench] kept {work}", file=sys.stderr)
-        text += ("\nThe SGLang JIT layer, cold (own output root, empty disk cache), after the layers it is built "
-                 f"on:\n\n| root | `build --config=pypi {BELOW}` | `build --config=pypi {LAYER}` (the main job's "
-                 "extra) | layer size | layer digest |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n" +
-                 f"\n{'Every root gave the same layer digest.' if same else '**The roots gave different layer digests.**'}\n")
+        text += ("\nThe first-use cache layers, cold (own output root, empty disk cache), after the layers they "
+                 f"are built on:\n\n| root | `build --config=pypi {BELOW}` | layer | `build --config=pypi "
+                 "//image:layer_<layer>` (the main job's extra) | layer size | layer digest |\n"
+                 "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n" +
+                 f"\n{'Every root gave the same digest for each layer.' if same else '**The roots gave different layer digests.**'}\n")
     print(text)
     if args.record:
         with open(args.record, "a") as f:

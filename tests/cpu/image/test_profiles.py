@@ -109,15 +109,21 @@ def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
     from tools.jit_cache.sglang_aot import MANIFEST
 
     assert MANIFEST == profiles.SGLANG_JIT_MANIFEST == profiles.load_entrypoint().SGLANG_JIT_MANIFEST
+    from tools.jit_cache import triton_aot
+
+    assert values["TRITON_DIR"] == profiles.load_entrypoint().TRITON_DIR
+    assert triton_aot.MANIFEST == profiles.load_entrypoint().TRITON_MANIFEST
 
 
 # ---------------------------------------------------------------- the entrypoint
 
 def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
-                   site: Path | None = None, jit_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+                   site: Path | None = None, jit_dir: Path | None = None,
+                   triton_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The entrypoint with profiles from image/profiles and a python3 that prints its exec;
-    `site` (on PYTHONPATH) holds a fake SGLang or Mooncake distribution; `jit_dir` stands in for
-    the image's SGLang JIT directory (default: none, as on an image without one)."""
+    `site` (on PYTHONPATH) holds a fake SGLang or Mooncake distribution; `jit_dir` and
+    `triton_dir` stand in for the image's SGLang JIT and Triton directories (default: none, as on
+    an image without them)."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
     (fake_bin / "python3").write_text("#!/bin/sh\necho \"exec: $*\"\nenv | sort | sed 's/^/env: /'\n")
@@ -128,7 +134,9 @@ def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
     script.write_text(text.replace(f'PROFILES_DIR = "{profiles.PROFILES_IMAGE_PATH}"',
                                    f'PROFILES_DIR = "{profiles.DEFAULT_PROFILES_DIR}"')
                       .replace(f'SGLANG_JIT_DIR = "{profiles.SGLANG_JIT_IMAGE_PATH}"',
-                               f'SGLANG_JIT_DIR = "{jit_dir or tmp_path / "no-sglang-jit"}"'))
+                               f'SGLANG_JIT_DIR = "{jit_dir or tmp_path / "no-sglang-jit"}"')
+                      .replace('TRITON_DIR = "/usr/share/kimi-k3/triton"',
+                               f'TRITON_DIR = "{triton_dir or tmp_path / "no-triton"}"'))
     assert script.read_text() != text
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           env={"PATH": f"{fake_bin}:/usr/bin:/bin", **({"PYTHONPATH": str(site)} if site else {}),
@@ -697,6 +705,61 @@ def test_the_entrypoint_refuses_a_cache_it_cannot_link_into_and_leaves_nothing(t
     bad = run_entrypoint(tmp_path, ["--model-path", "/m"], {"SGLANG_JIT_CACHE_DIR": str(tmp_path / "j2")}, jit_dir=shipped)
     assert bad.returncode == 2 and "leaf '../../etc' is not a path inside" in bad.stderr
     assert not (tmp_path / "j2").exists()
+
+
+def shipped_triton_dir(tmp_path: Path) -> Path:
+    """A stand-in for the image's Triton directory: two entries and the manifest."""
+    shipped = tmp_path / "triton-shipped"
+    entries = {}
+    for key, kernel in (("AAAA", "k1"), ("BBBB", "k2")):
+        (shipped / key).mkdir(parents=True)
+        files = {}
+        for name in (f"{kernel}.cubin", f"{kernel}.json"):
+            (shipped / key / name).write_bytes(name.encode())
+            files[name] = hashlib.sha256(name.encode()).hexdigest()
+        entries[key] = {"kernel": kernel, "files": files}
+    (shipped / "kimi-k3-triton.json").write_text(json.dumps({"schema_version": 1, "entries": entries}))
+    return shipped
+
+
+def test_the_entrypoint_binds_the_shipped_triton_kernels_into_a_writable_cache(tmp_path: Path) -> None:
+    shipped = shipped_triton_dir(tmp_path)
+    home = tmp_path / "home"
+    for env, expected in (({"HOME": str(home)}, home / ".cache" / "sglang" / "triton"),
+                          ({"HOME": str(home), "SGLANG_CACHE_DIR": str(tmp_path / "c")}, tmp_path / "c" / "triton"),
+                          ({"HOME": str(home), "TRITON_CACHE_DIR": str(tmp_path / "t")}, tmp_path / "t")):
+        proc = run_entrypoint(tmp_path, ["--profile", "kimi-k3-tp32ep32"], {**SITE, **env}, triton_dir=shipped)
+        assert proc.returncode == 0, proc.stderr
+        assert exec_env(proc)["TRITON_CACHE_DIR"] == str(expected)
+        for key, kernel in (("AAAA", "k1"), ("BBBB", "k2")):
+            group = json.loads((expected / key / f"__grp__{kernel}.json").read_text())
+            assert group == {"child_paths": {n: str(shipped / key / n) for n in (f"{kernel}.cubin", f"{kernel}.json")}}
+        assert sorted(p.name for p in expected.rglob("*") if p.is_file()) == ["__grp__k1.json", "__grp__k2.json"]
+    # What the directory has already is kept (Triton's own entry for the same key, a second start).
+    own = tmp_path / "t" / "AAAA" / "__grp__k1.json"
+    own.write_text("Triton's own")
+    again = run_entrypoint(tmp_path, ["--model-path", "/m"], {"TRITON_CACHE_DIR": str(tmp_path / "t")}, triton_dir=shipped)
+    assert again.returncode == 0, again.stderr
+    assert own.read_text() == "Triton's own"
+
+
+def test_the_entrypoint_refuses_a_triton_cache_it_cannot_write_and_leaves_nothing(tmp_path: Path) -> None:
+    shipped = shipped_triton_dir(tmp_path)
+    root = tmp_path / "triton"
+    root.mkdir()
+    (root / "BBBB").write_text("not a directory")  # the first entry is written, the second fails
+    proc = run_entrypoint(tmp_path, ["--profile", "kimi-k3-tp32ep32"], {**SITE, "TRITON_CACHE_DIR": str(root)},
+                          triton_dir=shipped)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: TRITON_CACHE_DIR={root}: cannot write the image's prebuilt Triton kernels' group files")
+    assert line.endswith("point TRITON_CACHE_DIR (or SGLANG_CACHE_DIR) at a writable directory")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["BBBB"]
+    # A manifest naming a path outside the directory: one line, nothing written.
+    (shipped / "kimi-k3-triton.json").write_text(json.dumps({"entries": {"../x": {"kernel": "k", "files": {}}}}))
+    bad = run_entrypoint(tmp_path, ["--model-path", "/m"], {"TRITON_CACHE_DIR": str(tmp_path / "t2")}, triton_dir=shipped)
+    assert bad.returncode == 2 and "entry '../x' names '../x', not a file of" in bad.stderr
+    assert not (tmp_path / "t2").exists()
 
 
 def inventory_with(sites: dict[str, dict]) -> dict:
