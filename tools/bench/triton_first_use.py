@@ -53,7 +53,8 @@ def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> 
     from tools.jit_cache.triton_aot import DEVICES, run_calls
 
     base, trees = image_inputs()
-    calls = [{"call": "sglang_kda_prefill", "args": {"heads": h, "sequences": b}} for h in heads for b in batches]
+    calls = [{"call": "sglang_kda_prefill", "args": {"heads": h, "sequences": b}, "kernels": []}
+             for h in heads for b in batches]
     ok = True
     with tempfile.TemporaryDirectory(prefix="triton-first-use-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -74,7 +75,7 @@ def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> 
                 if "error" in row:
                     ok = False
                     print(f"error: {row['call']} {row['args']}: {row['error']}", file=sys.stderr)
-            by_kernel = ", ".join(f"{n} {c}" for n, c in sorted(Counter(a["compiled"]).items()))
+            by_kernel = ", ".join(f"{n} {c}" for n, c in sorted(Counter(k.split(":")[-1] for k in a["compiled"]).items()))
             print(f"| {a['args']['heads']} | {','.join(map(str, a['args']['sequences']))} | {len(a['compiled'])} ({by_kernel}) | "
                   f"{a['seconds']:.1f} | {len(b['hits'])} | {len(b['compiled'])} | {b['seconds']:.1f} |")
             ok = ok and not b["compiled"] and bool(b["hits"])

@@ -345,6 +345,9 @@ class FirstUseCaches:
     source: str
     arch: str | None
     sglang_jit: Mapping[str, str | None]
+    # The Triton kernels the image's Triton layer is built from, by (file, function): the calls
+    # that run them (jit_cache/triton_calls.json, whose kernels the build checks); None: not given.
+    triton: Mapping[tuple[str, str], list[dict[str, Any]]] | None = None
 
     def describe(self) -> str:
         present = sum(v is None for v in self.sglang_jit.values())
@@ -377,6 +380,19 @@ def first_use_caches_of_image(rootfs_jit_dir: Path) -> FirstUseCaches:
     return FirstUseCaches(f"the image's {where}", arch, builds)
 
 
+def triton_plan(calls_file: Path, stack: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(file, function) -> [{"call", "args"}] of the stack's Triton calls (jit_cache/triton_calls.json)."""
+    from tools.jit_cache.triton_aot import load_calls
+
+    plan: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in load_calls(calls_file, stack):
+        for kernel in entry["kernels"]:
+            module, _, function = kernel.partition(":")
+            plan.setdefault((module.replace(".", "/") + ".py", function), []).append(
+                {"call": entry["call"], "args": entry["args"]})
+    return plan
+
+
 def capability_of(arch: str) -> tuple[int, int]:
     """(12, 0) for "12.0f": the GPU the kernel cache (and so the image) is built for."""
     match = re.fullmatch(r"(\d+)\.(\d+)[af]?", arch.split(";")[0].strip())
@@ -401,7 +417,7 @@ def _check_prebuilt(profile: Profile, inventory: Mapping[str, Any], cache: Kerne
     (every prebuilt site for a profile the inventory does not list) must be in the image."""
     listed = profile.name in inventory.get("profiles", {})
     where = f"jit_cache/inventory.{inventory.get('stack')}.json"
-    fix = (f"rebuild the image (its first-use layers: //image:layer_sglang_jit, //image:layer_kernel_cache), or regenerate "
+    fix = (f"rebuild the image (its first-use layers: //image:layer_sglang_jit, //image:layer_triton, //image:layer_kernel_cache), or regenerate "
            f"{where} (tools/bazel run //jit_cache:update_inventory) if the site is no longer built ahead")
     problems, checked = [], 0
     for site_id, site in sorted(inventory["sites"].items()):
@@ -430,8 +446,16 @@ def _check_prebuilt(profile: Profile, inventory: Mapping[str, Any], cache: Kerne
                     problems.append(f"reaches {site_id}, which {where} marks prebuilt ({key}), and the image lacks "
                                     f"it: {why}; {fix}")
             continue
+        if site["kind"] == "triton" and caches.triton is not None:
+            for build in builds:
+                if {"call": build["call"], "args": build["args"]} not in caches.triton.get((site["file"], site["name"]), []):
+                    problems.append(f"reaches {site_id}, which {where} marks prebuilt ({build['call']} "
+                                    f"{json.dumps(build['args'], sort_keys=True)}), and the calls the image's Triton "
+                                    f"layer is built from (jit_cache/triton_calls.json) do not run it; {fix}")
+            continue
         problems.append(f"reaches {site_id}, which {where} marks prebuilt, but this check cannot look up a "
-                        f"prebuilt {site['kind']} site in the image; teach tools/image/profiles.py _check_prebuilt")
+                        f"prebuilt {site['kind']} site in the image; teach tools/image/profiles.py _check_prebuilt"
+                        + (" (for Triton: give it jit_cache/triton_calls.json)" if site["kind"] == "triton" else ""))
     return problems, checked
 
 

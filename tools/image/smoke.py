@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -375,10 +376,13 @@ PROFILE_CHECK_ENV = ("CUDA_VISIBLE_DEVICES=", "HF_HUB_OFFLINE=1", "TRANSFORMERS_
 
 def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str] = (),
                           profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
-                          needs: Path = profiles.DEFAULT_NEEDS, inventory: Path | None = None) -> list[profiles.Verdict]:
+                          needs: Path = profiles.DEFAULT_NEEDS, inventory: Path | None = None,
+                          triton_calls: Path | None = None) -> list[profiles.Verdict]:
     """Check launch profiles (all, or `names`) against the unpacked image at rootfs: the ones it
     ships, or those of profiles_dir (host) run through the image's entrypoint and SGLang; with an
-    inventory (jit_cache/inventory.<stack>.json), the prebuilt sites each reaches are in the image."""
+    inventory (jit_cache/inventory.<stack>.json), the prebuilt sites each reaches are in the image
+    (its Triton sites in the calls of triton_calls, jit_cache/triton_calls.json, which the image's
+    Triton layer is built from, as the kernel cache's modules come from its plan)."""
     shipped = inside(rootfs, profiles.PROFILES_IMAGE_PATH)
     if profiles_dir is None and not shipped.is_dir():
         raise UserError(f"the image ships no launch profiles ({profiles.PROFILES_IMAGE_PATH}); rebuild it, or pass "
@@ -389,6 +393,8 @@ def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str]
              else profiles.kernel_cache_of_image(inside(rootfs, "/" + SITE_PACKAGES)))
     listed = read_inventory(inventory, "--inventory") if inventory else None
     caches = profiles.first_use_caches_of_image(inside(rootfs, profiles.SGLANG_JIT_IMAGE_PATH))
+    if triton_calls is not None and listed is not None:
+        caches = dataclasses.replace(caches, triton=profiles.triton_plan(triton_calls, str(listed.get("stack"))))
     work = inside(rootfs, PROFILE_CHECK_DIR)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -420,7 +426,7 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
           forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False,
           driver_stub: bool = False, launch_profiles: Sequence[str] = (),
           launch_profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
-          inventory: Path | None = None) -> SmokeReport:
+          inventory: Path | None = None, triton_calls: Path | None = None) -> SmokeReport:
     report = SmokeReport()
     bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
     try:
@@ -448,7 +454,8 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
                 report.check(bool(r["ok"]), f"import {r['module']}: {detail}{note if r['ok'] else ''}")
         if launch_profiles or launch_profiles_dir:
             for verdict in check_launch_profiles(rootfs, [*image_env(layout), *extra_env], launch_profiles,
-                                                 launch_profiles_dir, kernel_cache_plan, inventory=inventory):
+                                                 launch_profiles_dir, kernel_cache_plan, inventory=inventory,
+                                                 triton_calls=triton_calls):
                 report.check(verdict.ok, verdict.line)
                 report.notes += [f"{verdict.profile}: {d}" for d in verdict.details]
     finally:
@@ -480,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the image has no kernel-cache layer: take its modules from this plan")
     p.add_argument("--inventory", type=Path,
                    help="the image's stack's jit_cache/inventory.<stack>.json: its prebuilt sites must be in the image")
+    p.add_argument("--triton-calls", type=Path,
+                   help="jit_cache/triton_calls.json, which the image's Triton layer is built from (its prebuilt Triton sites)")
     args = p.parse_args(argv)
     prof = PROFILES.get(args.profile or "", {})
     for e in args.env:
@@ -490,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
                    [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub,
                    [*prof.get("launch_profiles", []), *args.launch_profile], args.launch_profiles_dir,
-                   args.kernel_cache_plan, args.inventory)
+                   args.kernel_cache_plan, args.inventory, args.triton_calls)
     for line in report.passes:
         print(f"ok   {line}")
     for line in report.notes:

@@ -53,7 +53,8 @@ def cmd_inventory(args: argparse.Namespace) -> int:
         else:
             tree = gated_tree(args.wheel, args.stack, args.patch_dir, args.lock, scratch)
         inventory = build_inventory(args.stack, tree, profiles, reach, facts.get("architectures", {}), needs, plan,
-                                    args.kernel_plan.name, _aot_modules(args.sglang_modules, args.stack))
+                                    args.kernel_plan.name, _aot_modules(args.sglang_modules, args.stack),
+                                    _triton_calls(args.triton_calls, args.stack))
     write_bytes_atomic(args.out, review_json(inventory))
     counts = ", ".join(f"{k} {c['reached']}/{c['total']}" for k, c in inventory["counts"].items())
     log(f"stack {args.stack}: sites reached/total: {counts}; wrote {args.out}")
@@ -67,6 +68,15 @@ def _aot_modules(path: Path | None, stack: str) -> list:
     from tools.jit_cache.sglang_aot import load_modules
     stacks = read_json(path, "--sglang-modules").get("stacks", {})
     return load_modules(path, stack) if stack in stacks else []
+
+
+def _triton_calls(path: Path | None, stack: str) -> list:
+    """The stack's Triton calls built ahead of time (none when the file lists no such stack)."""
+    if path is None:
+        return []
+    from tools.jit_cache.triton_aot import load_calls
+    stacks = read_json(path, "--triton-calls").get("stacks", {})
+    return load_calls(path, stack) if stack in stacks else []
 
 
 def _read_plan(path: Path) -> dict:
@@ -126,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--backend-needs", type=Path, default=Path("image/backend_needs.json"))
     inv.add_argument("--kernel-plan", type=Path, required=True, help="the stack's kernel-cache plan the image ships")
     inv.add_argument("--sglang-modules", type=Path, help="jit_cache/sglang_modules.json: the SGLang JIT modules built ahead of time")
+    inv.add_argument("--triton-calls", type=Path, help="jit_cache/triton_calls.json: the Triton kernels built ahead of time")
     inv.add_argument("--out", type=Path, required=True)
     inv.set_defaults(func=cmd_inventory)
     for name, func, text in (("check", cmd_check, "recomputed inventories == the checked-in ones"),

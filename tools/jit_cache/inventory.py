@@ -156,7 +156,8 @@ def _specializations(profile: Profile, settings: Mapping[str, Any], reach: Mappi
 
 
 def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mapping[str, str],
-            aot: Mapping[tuple[str, str], list[dict[str, Any]]]) -> tuple[str, str, list[dict[str, Any]]]:
+            aot: Mapping[tuple[str, str], list[dict[str, Any]]],
+            triton_aot: Mapping[tuple[str, str], list[dict[str, Any]]] = {}) -> tuple[str, str, list[dict[str, Any]]]:
     """(status, reason, what the image holds for a prebuilt site: the launch-profile check looks
     each entry up in the image; empty for a gap)."""
     d = site.details
@@ -187,6 +188,12 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
     if site.kind == "triton":
         tune = d.get("autotune")
         cache = "$TRITON_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/triton)"
+        if (site.file, site.name) in triton_aot:
+            calls = "; ".join(f"{c['call']} {json.dumps(c['args'], sort_keys=True)}" for c in triton_aot[(site.file, site.name)])
+            return PREBUILT, (f"compiled ahead of time for SM120 through Triton's launch path by the calls {calls} "
+                              "(jit_cache/triton_calls.json; every config of an autotuned kernel) and shipped by "
+                              "//image:layer_triton, which the entrypoint binds into " + cache +
+                              "; other specializations compile at first launch"), list(triton_aot[(site.file, site.name)])
         if tune:
             n = tune.get("configs")
             count = f"{n} configs" if n is not None else "configs not countable statically"
@@ -226,7 +233,8 @@ def validate_reach(reach: Any, where: str) -> None:
 
 def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach: Mapping[str, Any],
                     facts: Mapping[str, Any], needs: Mapping[str, Any], plan: Mapping[str, Any],
-                    plan_name: str, aot_modules: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                    plan_name: str, aot_modules: Sequence[Mapping[str, Any]] = (),
+                    triton_calls: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     validate_reach(reach, "jit_cache/reach.json")
     modules = tree.modules
     archs = model_modules(tree, reach["models_dir"])
@@ -240,6 +248,15 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
         module, _, function = entry["call"].partition(":")
         aot.setdefault((module.replace(".", "/") + ".py", function), []).append(
             {"call": entry["call"], "args": entry.get("args", [])})
+
+    # Triton kernels built ahead of time (jit_cache/triton_calls.json): (file, function) -> the
+    # calls that run them, each {"call", "args"} (the launch-profile check looks them up).
+    triton_aot: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in triton_calls:
+        for kernel in entry["kernels"]:
+            module, _, function = kernel.partition(":")
+            triton_aot.setdefault((module.replace(".", "/") + ".py", function), []).append(
+                {"call": entry["call"], "args": entry["args"]})
 
     # Every site of the tree (the check's "gains a site" compares these ids).
     sites: dict[str, Site] = {}
@@ -301,7 +318,7 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
         counts[site.kind]["total"] += 1
         if site_id not in reached_by:
             continue
-        status, reason, holds = _reason(site, shipped, plan_name, apis, aot)
+        status, reason, holds = _reason(site, shipped, plan_name, apis, aot, triton_aot)
         counts[site.kind]["reached"] += 1
         counts[site.kind][status] += 1
         tier = "startup" if site_id in startup_sites else "lazy"

@@ -66,7 +66,8 @@ def log(msg: str) -> None:
 
 def load_calls(path: Path, stack: str) -> list[dict[str, Any]]:
     """The stack's entries of jit_cache/triton_calls.json, checked: each a `call` of
-    triton_worker.py, its `args` object and a `why`."""
+    triton_worker.py, its `args` object, the `kernels` it runs (`module:function`, sorted; the
+    build checks them, the inventory marks their sites prebuilt) and a `why`."""
     try:
         data = loads_unique_keys(path.read_text(), str(path))
     except OSError as e:
@@ -80,8 +81,13 @@ def load_calls(path: Path, stack: str) -> list[dict[str, Any]]:
     seen = set()
     for i, entry in enumerate(entries):
         where = f"--calls {path}: stacks.{stack}[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"call", "args", "why"}:
-            raise UserError(f"{where}: an object of call, args, why")
+        if not isinstance(entry, dict) or set(entry) != {"call", "args", "kernels", "why"}:
+            raise UserError(f"{where}: an object of call, args, kernels, why")
+        kernels = entry["kernels"]
+        if not isinstance(kernels, list) or not kernels or kernels != sorted(set(kernels)) or not all(
+                isinstance(k, str) and k.count(":") == 1 and all(k.split(":")) for k in kernels):
+            raise UserError(f"{where}: kernels must be the sorted \"module:function\" list of the Triton "
+                            "kernels the call runs (build-triton names them when they differ)")
         if entry["call"] not in CALLS:
             raise UserError(f"{where}: call {entry['call']!r} is not one of {', '.join(CALLS)} "
                             "(tools/jit_cache/triton_worker.py CALLS)")
@@ -209,6 +215,14 @@ def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
         log(f"stack {stack}, arch {arch}: {len(calls)} call(s) through Triton's launch path "
             "(stand-in device, each call in a fresh process)")
         rows = run_calls(image, device, calls, cache_dir, "build-triton")
+        for entry, row in zip(calls, rows):
+            ran = sorted(set(row["compiled"]) | set(row["hits"]))
+            if ran != entry["kernels"]:
+                missing = sorted(set(ran) - set(entry["kernels"]))
+                extra = sorted(set(entry["kernels"]) - set(ran))
+                raise UserError(f"--calls {calls_file}: {entry['call']} {entry['args']} runs "
+                                f"{', '.join(missing) or 'no kernel'} not in its kernels, and not "
+                                f"{', '.join(extra) or 'every listed one'}; set its kernels to {json.dumps(ran)}")
         entries = shipped_entries(cache_dir)
         manifest = {
             "schema_version": SCHEMA_VERSION,

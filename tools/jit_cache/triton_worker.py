@@ -14,8 +14,8 @@ config it keeps. Tensors live on the CPU: Triton reads only their dtype and data
 
 Request (argv[1], JSON): {"capability": [12, 0], "device_name": str, "device_properties": {...},
 "calls": [{"call": "sglang_kda_prefill", "heads": H, "sequences": [T, ...]}], "result": path}.
-The caller sets TRITON_CACHE_DIR. Result: per pass and call, the kernels Triton compiled and the
-ones its cache answered (knobs.compilation.listener), and the seconds taken.
+The caller sets TRITON_CACHE_DIR. Result: per pass and call, the kernels (`module:function`) Triton
+compiled and the ones its cache answered (knobs.compilation.listener), and the seconds taken.
 """
 from __future__ import annotations
 
@@ -157,6 +157,14 @@ def sglang_kda_prefill(heads, sequences):
 CALLS = {"sglang_kda_prefill": sglang_kda_prefill}
 
 
+def kernel_id(src):
+    """`module:function` of the @triton.jit function a compile is for (its site in the inventory)."""
+    fn = getattr(src, "fn", None)
+    module = getattr(fn, "module", None)
+    name = getattr(src, "name", str(src))
+    return f"{module}:{name}" if module else name
+
+
 def main(request_path):
     request = json.loads(pathlib.Path(request_path).read_text())
     fake_device(tuple(request["capability"]), request["device_name"])
@@ -171,7 +179,7 @@ def main(request_path):
     driver.set_active(stub_driver(request["capability"], request["device_properties"]))
     events = []
     knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
-        (getattr(src, "name", str(src)), bool(cache_hit)))
+        (kernel_id(src), bool(cache_hit)))
     import_sglang()
     result = {"passes": []}
     for _ in range(request.get("passes", 1)):

@@ -5,6 +5,7 @@ The check against a real image (its SGLang) is test_profiles_image.py (:profiles
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -812,6 +813,34 @@ def test_prebuilt_sites_must_be_in_the_image(tmp_path: Path) -> None:
     (other,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-pd-decode"])
     problems, checked = profiles._check_prebuilt(other, {**inventory_with(sites), "profiles": {}}, cache, none)
     assert checked == 3 and len(problems) == 2 and "no entry for it in the image (no " in problems[0]
+
+
+def test_prebuilt_triton_sites_must_be_run_by_the_calls_the_triton_layer_is_built_from(tmp_path: Path) -> None:
+    """A Triton site marked prebuilt is looked up in jit_cache/triton_calls.json (the calls the
+    image's Triton layer is built from, whose kernels its build checks): a site those calls do not
+    run, or run with other args, fails naming it; without the calls the kind cannot be looked up."""
+    calls = Path("jit_cache/triton_calls.json")
+    plan = profiles.triton_plan(calls, "pypi")
+    (file, name), runs = next(iter(sorted(plan.items())))
+    caches = dataclasses.replace(profiles.first_use_caches_of_image(tmp_path / "nothing"), triton=plan)
+    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    (profile,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
+
+    def site(file_: str, name_: str, builds: list) -> dict:
+        return {"kind": "triton", "status": "prebuilt", "file": file_, "name": name_, "profiles": ["kimi-k3-tp32ep32"],
+                "specializations": {"prebuilt": builds}}
+
+    good = {f"triton:{file}:{name}": site(file, name, runs)}
+    assert profiles._check_prebuilt(profile, inventory_with(good), cache, caches) == ([], 1)
+    other_args = [{"call": runs[0]["call"], "args": {**runs[0]["args"], "heads": 7}}]
+    bad = {**good, "triton:x.py:kern": site("x.py", "kern", runs[:1]), f"triton:{file}:{name}#2": site(file, name, other_args)}
+    problems, checked = profiles._check_prebuilt(profile, inventory_with(bad), cache, caches)
+    assert checked == 3 and len(problems) == 2, problems
+    assert all("the calls the image's Triton layer is built from (jit_cache/triton_calls.json) do not run it" in p
+               for p in problems), problems
+    assert '"heads": 7' in "\n".join(problems)
+    problems, _ = profiles._check_prebuilt(profile, inventory_with(good), cache, profiles.first_use_caches_of_image(tmp_path / "n"))
+    assert problems and "(for Triton: give it jit_cache/triton_calls.json)" in problems[0]
 
 
 def test_an_inventory_of_another_sglang_is_refused() -> None:

@@ -5,7 +5,8 @@ KIMI_PROFILES_IMAGE (//image:rootfs_without_kernel_cache of the stack: a plan of
 files the image's layers, without the kernel-cache layer, are written from),
 KIMI_PROFILES_PLAN (the checked-in plan of that image's kernel cache, //kernel_cache:selected_plan),
 KIMI_PROFILES_INVENTORY (the stack's first-use inventory, //jit_cache:inventory: its prebuilt
-sites must be in the image) and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the
+sites must be in the image; its Triton sites in KIMI_PROFILES_TRITON_CALLS, jit_cache/triton_calls.json,
+the calls the image's Triton layer is built from) and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the
 patch gate). The plan is
 mounted once as an overlay (tools/image/smoke.py mounted_rootfs_plan); every check then runs the
 image's python3 in a chroot without network (check_launch_profiles). Needs root.
@@ -58,7 +59,8 @@ def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Pa
           ) -> dict[str, profiles.Verdict]:
     rootfs, env = image
     verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"),
-                                           inventory=single("KIMI_PROFILES_INVENTORY"))
+                                           inventory=single("KIMI_PROFILES_INVENTORY"),
+                                           triton_calls=single("KIMI_PROFILES_TRITON_CALLS"))
     report = "".join(f"{'ok  ' if v.ok else 'FAIL'} {v.line}\n" + "".join(f"      {d}\n" for d in v.details)
                      for v in verdicts)
     print(report)  # in test.log for passed tests too (-rP below)

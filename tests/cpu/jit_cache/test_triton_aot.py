@@ -57,12 +57,17 @@ def test_bind_points_group_files_at_the_shipped_files(tmp_path: Path) -> None:
     assert triton_aot.bind(shipped, runtime) == 0
 
 
+K = ["m.a:k1", "m.b:k2"]
+
+
 @pytest.mark.parametrize("stacks, message", [
-    ({"pypi": [{"call": "nope", "args": {}, "why": "x"}]}, r"call 'nope' is not one of sglang_kda_prefill"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}}]}, r"an object of call, args, why"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": [], "why": "x"}]}, r"args is not an object"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": " "}]}, r"why is empty"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": "x"}] * 2}, r"stacks.pypi\[1\]: listed twice"),
+    ({"pypi": [{"call": "nope", "args": {}, "kernels": K, "why": "x"}]}, r"call 'nope' is not one of sglang_kda_prefill"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": "x"}]}, r"an object of call, args, kernels, why"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": [], "kernels": K, "why": "x"}]}, r"args is not an object"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": K, "why": " "}]}, r"why is empty"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": K[::-1], "why": "x"}]}, r"kernels must be the sorted"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": ["k1"], "why": "x"}]}, r"kernels must be the sorted .module:function."),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": K, "why": "x"}] * 2}, r"stacks.pypi\[1\]: listed twice"),
     ({"default": []}, r"no stacks.pypi; add it"),
 ])
 def test_call_list_mistakes_are_one_line(tmp_path: Path, stacks: dict, message: str) -> None:

@@ -66,7 +66,8 @@ def test_a_missing_entry_is_a_compile_by_kernel_name(tmp_path: Path, capsys: pyt
     (broken / triton_aot.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match=r"check-triton: 1 of 2 call\(s\) compiled"):
         _check(broken)
-    assert "Triton compiled _causal_conv1d_fwd_kernel, which the cache lacks" in capsys.readouterr().err
+    assert ("Triton compiled sglang.kernels.ops.mamba.causal_conv1d_triton:_causal_conv1d_fwd_kernel, which the "
+            "cache lacks") in capsys.readouterr().err
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ _INPUTS = {
     "--facts": "//jit_cache:checkpoint_facts.json",
     "--reach": "//jit_cache:reach.json",
     "--sglang-modules": "//jit_cache:sglang_modules.json",
+    "--triton-calls": "//jit_cache:triton_calls.json",
 }
 
 def _stack_config_impl(_settings, attr):
@@ -43,6 +44,7 @@ def _inventory_impl(ctx):
         "--facts=" + ctx.file.facts.path,
         "--reach=" + ctx.file.reach.path,
         "--sglang-modules=" + ctx.file.sglang_modules.path,
+        "--triton-calls=" + ctx.file.triton_calls.path,
         "--out=" + out.path,
     ]
     ctx.actions.run_shell(
@@ -52,7 +54,7 @@ export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 PATH=/usr/bin:/bin:/usr/local
 """,
         arguments = args,
         inputs = depset(
-            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.reach, ctx.file.sglang_modules],
+            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.reach, ctx.file.sglang_modules, ctx.file.triton_calls],
             transitive = [ctx.attr._tool[DefaultInfo].default_runfiles.files],
         ),
         outputs = [out],
@@ -74,6 +76,7 @@ jit_cache_inventory = rule(
         "facts": attr.label(default = _INPUTS["--facts"], allow_single_file = True),
         "reach": attr.label(default = _INPUTS["--reach"], allow_single_file = True),
         "sglang_modules": attr.label(default = _INPUTS["--sglang-modules"], allow_single_file = True),
+        "triton_calls": attr.label(default = _INPUTS["--triton-calls"], allow_single_file = True),
         "_tool": attr.label(default = "//tools/jit_cache"),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
