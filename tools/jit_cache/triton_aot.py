@@ -9,8 +9,9 @@ How: tools/jit_cache/triton_worker.py runs each call of FILE (jit_cache/triton_c
 own functions with tensors of the serving call's dtypes and shapes) under the image's python3.11
 over the image's installed trees, with Triton's launch path against a stand-in device of the arch,
 each call in a fresh process: Triton computes every key and compiles every config an autotuner
-keeps. The image's tree sits at one fixed path for every build (the kernels' line info holds the
-sources' path), so two output roots give the same bytes.
+keeps. The image's tree sits at one fixed path for every build and the sources' mtimes are one
+constant (the kernels' line info holds each source's path, mtime and size), so two output roots
+give the same bytes.
 
 OUT holds, per Triton cache entry, `<key>/<kernel>.cubin` and `<key>/<kernel>.json` (what a cache
 hit reads) and `kimi-k3-triton.json` (entries, their files' sha256, the calls, the stand-in
@@ -57,6 +58,10 @@ DEVICES = {
 CALLS = ("sglang_kda_prefill",)  # triton_worker.py CALLS
 # Where every build puts the image's tree (see the module docstring); one build at a time holds it.
 FIXED_ROOT = Path("/tmp/kimi-k3-triton-build")
+# The packages whose Python sources a kernel's line info names: their .py files are copied into
+# the build's tree with one fixed mtime, since the debug line table records each source's mtime
+# and size (the installed trees' mtimes are whenever a layer action ran).
+SOURCE_PACKAGES = ("sglang", "triton")
 SHIPPED_SUFFIXES = (".cubin", ".json")
 
 
@@ -120,6 +125,34 @@ def fixed_root() -> Iterator[Path]:
             yield FIXED_ROOT
         finally:
             shutil.rmtree(FIXED_ROOT, ignore_errors=True)
+
+
+def fix_source_mtimes(site: Path, epoch: int, packages: Sequence[str] = SOURCE_PACKAGES) -> int:
+    """Replace each package's link in the merged site by a tree of its own: .py files copied with
+    mtime `epoch`, every other file a link to the installed one; returns the files copied."""
+    copied = 0
+    for package in packages:
+        top = site / package
+        if not top.exists():
+            raise UserError(f"--site-tree: no {package} package in the image's trees")
+        fixed = site / f".{package}.fixed"
+        for dirpath, _dirnames, filenames in os.walk(top, followlinks=True):
+            rel = Path(dirpath).relative_to(top)
+            (fixed / rel).mkdir(parents=True, exist_ok=True)
+            for name in filenames:
+                src, dst = Path(dirpath) / name, fixed / rel / name
+                if name.endswith(".py"):
+                    shutil.copyfile(src, dst)
+                    os.utime(dst, (epoch, epoch))
+                    copied += 1
+                else:
+                    os.symlink(src.resolve(), dst)
+        if top.is_symlink():
+            top.unlink()
+        else:  # a directory merged from several trees: links only
+            shutil.rmtree(top)
+        fixed.rename(top)
+    return copied
 
 
 def run_calls(image: Any, device: dict[str, Any], calls: Sequence[dict[str, Any]], cache_dir: Path,
@@ -205,12 +238,13 @@ def _image(scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packa
 
 
 def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_trees: Sequence[Path],
-                 site_packages: str, out: Path) -> int:
+                 site_packages: str, out: Path, source_date_epoch: int = 0) -> int:
     device = _device(arch)
     calls = load_calls(calls_file, stack)
     t0 = time.monotonic()
     with fixed_root() as scratch:
         image = _image(scratch, base_tar, site_trees, site_packages, arch)
+        fix_source_mtimes(image.site, source_date_epoch)
         cache_dir = scratch / "triton-cache"
         log(f"stack {stack}, arch {arch}: {len(calls)} call(s) through Triton's launch path "
             "(stand-in device, each call in a fresh process)")
@@ -308,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("build-triton", help="compile the calls' Triton kernels into Triton's cache layout")
     _common(b)
     b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--source-date-epoch", type=int, default=0,
+                   help="the mtime given to the sources a kernel's line info names (image/constants.bzl SOURCE_DATE_EPOCH)")
     c = sub.add_parser("check-triton", help="the calls again over the bound cache: 0 compiles")
     _common(c)
     c.add_argument("--cache", type=Path, required=True)
@@ -316,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--triton-cache-dir", type=Path, required=True)
     a = parser.parse_args(argv)
     if a.command == "build-triton":
-        return build_triton(a.stack, a.arch, a.calls, a.base_tar, a.site_tree, a.site_packages, a.out)
+        return build_triton(a.stack, a.arch, a.calls, a.base_tar, a.site_tree, a.site_packages, a.out,
+                            a.source_date_epoch)
     if a.command == "check-triton":
         return check_triton(a.stack, a.arch, a.calls, a.base_tar, a.site_tree, a.site_packages, a.cache)
     print(f"bound {bind(a.cache, a.triton_cache_dir)} entries of {a.cache} into {a.triton_cache_dir}")

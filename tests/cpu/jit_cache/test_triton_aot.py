@@ -57,6 +57,26 @@ def test_bind_points_group_files_at_the_shipped_files(tmp_path: Path) -> None:
     assert triton_aot.bind(shipped, runtime) == 0
 
 
+def test_sources_get_one_mtime_in_the_builds_tree(tmp_path: Path) -> None:
+    """The kernels' line info records each source's mtime: the build's copy of the packages has
+    one fixed mtime, whatever the installed trees have; other files stay links."""
+    installed = tmp_path / "installed" / "pkg"
+    (installed / "sub").mkdir(parents=True)
+    (installed / "sub" / "k.py").write_text("def k(): pass\n")
+    (installed / "lib.so").write_bytes(b"\x7fELF")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "pkg").symlink_to(installed)
+    assert triton_aot.fix_source_mtimes(site, 1767225600, ("pkg",)) == 1
+    copy = site / "pkg" / "sub" / "k.py"
+    assert not (site / "pkg").is_symlink() and not copy.is_symlink()
+    assert copy.read_text() == "def k(): pass\n" and copy.stat().st_mtime == 1767225600
+    assert (site / "pkg" / "lib.so").is_symlink() and (site / "pkg" / "lib.so").resolve() == installed / "lib.so"
+    assert (installed / "sub" / "k.py").stat().st_mtime != 1767225600  # the installed tree is untouched
+    with pytest.raises(UserError, match="no triton package in the image's trees"):
+        triton_aot.fix_source_mtimes(site, 0, ("triton",))
+
+
 K = ["m.a:k1", "m.b:k2"]
 
 

@@ -1,7 +1,7 @@
 """triton_cache: Triton kernels of SGLang's serving calls built ahead of time in Triton's cache
 layout (see //tools/jit_cache:defs.bzl)."""
 
-load("//image:constants.bzl", "SITE_PACKAGES")
+load("//image:constants.bzl", "SITE_PACKAGES", "SOURCE_DATE_EPOCH")
 load("//tools/image/private:providers.bzl", "LayerInfo")
 
 def _triton_cache_impl(ctx):
@@ -25,6 +25,7 @@ def _triton_cache_impl(ctx):
     for tree in trees:
         args.add("--site-tree", tree.path)
     args.add("--site-packages", SITE_PACKAGES)
+    args.add("--source-date-epoch", str(SOURCE_DATE_EPOCH))
     args.add("--out", out.path)
 
     # Sandboxed and remote-cacheable: the image's base tar and installed trees, the call list and
