@@ -331,12 +331,41 @@ class CacheError(Exception):
     """A first-use cache the entrypoint cannot set up: one line naming the variable and the fix."""
 
 
+def _cache_dir(env: Mapping[str, str], variable: str, under_sglang: str) -> str:
+    """$variable, else $SGLANG_CACHE_DIR/<under_sglang> (SGLang's own defaults, under
+    ~/.cache/sglang when neither is set)."""
+    if env.get(variable):
+        return os.path.expanduser(env[variable])
+    return os.path.join(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"), under_sglang)
+
+
+def _make_dirs(path: str, made: list[str]) -> None:
+    """os.makedirs(path), recording each directory it creates in `made` (for _undo)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        os.mkdir(d)
+        made.append(d)
+
+
+def _undo(made: list[str]) -> None:
+    """Remove what a failed set-up made (links, files, directories), newest first."""
+    for path in reversed(made):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def sglang_jit_cache_dir(env: Mapping[str, str]) -> str:
     """Where SGLang's load_jit looks up and publishes builds: $SGLANG_JIT_CACHE_DIR, else
     $SGLANG_CACHE_DIR/jit (SGLang's own default, ~/.cache/sglang/jit, when neither is set)."""
-    if env.get("SGLANG_JIT_CACHE_DIR"):
-        return os.path.expanduser(env["SGLANG_JIT_CACHE_DIR"])
-    return os.path.join(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"), "jit")
+    return _cache_dir(env, "SGLANG_JIT_CACHE_DIR", "jit")
 
 
 def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) -> int:
@@ -370,14 +399,7 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
     try:
         for leaf in leaves:
             dest = os.path.join(root, leaf)
-            parts = os.path.dirname(dest)
-            missing = []
-            while parts and not os.path.isdir(parts):
-                missing.append(parts)
-                parts = os.path.dirname(parts)
-            for d in reversed(missing):
-                os.mkdir(d)
-                made.append(d)
+            _make_dirs(os.path.dirname(dest), made)
             for entry in os.scandir(os.path.dirname(dest)):
                 if entry.is_symlink() and os.readlink(entry.path).startswith(shipped + "/") \
                         and not os.path.exists(entry.path):
@@ -386,14 +408,7 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
                 os.symlink(os.path.join(shipped, leaf), dest)
                 made.append(dest)
     except OSError as e:
-        for path in reversed(made):
-            try:
-                if os.path.islink(path):
-                    os.unlink(path)
-                else:
-                    os.rmdir(path)
-            except OSError:
-                pass
+        _undo(made)
         raise CacheError(f"SGLANG_JIT_CACHE_DIR={root}: cannot link the image's prebuilt SGLang JIT modules "
                          f"into it ({e.strerror or e}: {e.filename or root}); point SGLANG_JIT_CACHE_DIR (or "
                          "SGLANG_CACHE_DIR) at a writable directory") from None
@@ -404,9 +419,7 @@ def link_sglang_jit_cache(env: dict[str, str], shipped: str = SGLANG_JIT_DIR) ->
 def triton_cache_dir(env: Mapping[str, str]) -> str:
     """Where Triton looks up and writes its cache: $TRITON_CACHE_DIR, else $SGLANG_CACHE_DIR/triton
     (what SGLang sets it to at import, ~/.cache/sglang/triton when neither is set)."""
-    if env.get("TRITON_CACHE_DIR"):
-        return env["TRITON_CACHE_DIR"]
-    return os.path.join(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"), "triton")
+    return _cache_dir(env, "TRITON_CACHE_DIR", "triton")
 
 
 def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
@@ -443,13 +456,7 @@ def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
             group = os.path.join(key_dir, f"__grp__{kernel}.json")
             if os.path.lexists(group):
                 continue
-            parts, missing = key_dir, []
-            while parts and not os.path.isdir(parts):
-                missing.append(parts)
-                parts = os.path.dirname(parts)
-            for d in reversed(missing):
-                os.mkdir(d)
-                made.append(d)
+            _make_dirs(key_dir, made)
             tmp = f"{group}.tmp.{os.getpid()}"
             made.append(tmp)
             with open(tmp, "w") as f:
@@ -457,14 +464,7 @@ def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
             os.replace(tmp, group)
             made[-1] = group
     except OSError as e:
-        for path in reversed(made):
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    os.rmdir(path)
-                else:
-                    os.unlink(path)
-            except OSError:
-                pass
+        _undo(made)
         raise CacheError(f"TRITON_CACHE_DIR={root}: cannot write the image's prebuilt Triton kernels' group "
                          f"files into it ({e.strerror or e}: {e.filename or root}); point TRITON_CACHE_DIR (or "
                          "SGLANG_CACHE_DIR) at a writable directory") from None

@@ -40,15 +40,8 @@ def image_inputs() -> tuple[Path, list[Path]]:
     return tars[0], [p for p in paths if p not in tars]
 
 
-def _site_packages() -> str:
-    text = (REPO_ROOT / "image" / "constants.bzl").read_text()
-    for line in text.splitlines():
-        if line.startswith("SITE_PACKAGES = "):
-            return line.split("=", 1)[1].strip().strip('"')
-    raise UserError("image/constants.bzl: no SITE_PACKAGES")
-
-
 def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> int:
+    from tools.image.layer import SITE_PACKAGES
     from tools.jit_cache.sglang_aot import ImagePython
     from tools.jit_cache.triton_aot import DEVICES, run_calls
 
@@ -58,7 +51,7 @@ def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> 
     ok = True
     with tempfile.TemporaryDirectory(prefix="triton-first-use-") as scratch_dir:
         scratch = Path(scratch_dir)
-        image = ImagePython(scratch, base, trees, _site_packages(), "12.0f")
+        image = ImagePython(scratch, base, trees, "/" + SITE_PACKAGES, "12.0f")
         cache = scratch / "triton-cache"
         # Each call in its own process, as each server process starts cold: an autotuner's
         # in-memory results must not carry from one head count to the next.

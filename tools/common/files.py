@@ -50,6 +50,19 @@ def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
 
 
+def set_tree_writable(root: Path, writable: bool) -> None:
+    """root and everything under it read-only (dirs 0555, files 0444), or back to 0755 / 0644: a
+    copy a check must only read (every lookup must be a hit), then removable again. Links are
+    left alone (chmod would follow them)."""
+    for p in [root, *root.rglob("*")]:  # listed first: chmod needs only ownership, in any order
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            p.chmod(DIR_MODE if writable else 0o555)
+        else:
+            p.chmod(MODE if writable else 0o444)
+
+
 def workspace_path(path: Path) -> Path:
     """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree and
     names the source tree in BUILD_WORKSPACE_DIRECTORY): how a run target writes a checked-in file."""

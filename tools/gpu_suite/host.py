@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically
+from tools.common.files import dir_replaced_atomically, set_tree_writable
 from tools.common.hashing import sha256_file
 from tools.gpu_suite.site import unpack_wheel
 from tools.kernel_cache.modules import ARCH_RE
@@ -190,13 +190,10 @@ def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda
     unpack_into(site, wheels)
     # A read-only copy: every module must be a hit (a miss would need to write there).
     if cache.exists():  # an earlier run's copy: writable again so it can be replaced
-        for p in [cache, *cache.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
+        set_tree_writable(cache, True)
     with dir_replaced_atomically(cache, str(cache)) as tmp:
         shutil.copytree(bundle / cache_rel, tmp, dirs_exist_ok=True)
-    for p in sorted(cache.rglob("*"), reverse=True):
-        p.chmod(0o555 if p.is_dir() else 0o444)
-    cache.chmod(0o555)
+    set_tree_writable(cache, False)
     print(f"unpacked {len(wheels)} wheels into {site}; SGLang JIT cache {cache} (read-only)", flush=True)
     rc = _run(proof, env, shown)
     bench_env = dict(os.environ) | {"PYTHONPATH": env["PYTHONPATH"], "PYTHONUNBUFFERED": "1"}

@@ -382,15 +382,9 @@ def first_use_caches_of_image(rootfs_jit_dir: Path) -> FirstUseCaches:
 
 def triton_plan(calls_file: Path, stack: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(file, function) -> [{"call", "args"}] of the stack's Triton calls (jit_cache/triton_calls.json)."""
-    from tools.jit_cache.triton_aot import load_calls
+    from tools.jit_cache.triton_aot import kernel_sites, load_calls
 
-    plan: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for entry in load_calls(calls_file, stack):
-        for kernel in entry["kernels"]:
-            module, _, function = kernel.partition(":")
-            plan.setdefault((module.replace(".", "/") + ".py", function), []).append(
-                {"call": entry["call"], "args": entry["args"]})
-    return plan
+    return kernel_sites(load_calls(calls_file, stack))
 
 
 def capability_of(arch: str) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from tools.common.jsonfmt import loads_unique_keys
 from tools.jit_cache import reach as reach_mod
 from tools.jit_cache.sites import KINDS, Site, dotted, scan_module
 from tools.jit_cache.tree import SourceTree
+from tools.jit_cache.triton_aot import kernel_sites
 
 SCHEMA_VERSION = 1
 PREBUILT, GAP = "prebuilt", "gap"
@@ -251,12 +252,7 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
 
     # Triton kernels built ahead of time (jit_cache/triton_calls.json): (file, function) -> the
     # calls that run them, each {"call", "args"} (the launch-profile check looks them up).
-    triton_aot: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for entry in triton_calls:
-        for kernel in entry["kernels"]:
-            module, _, function = kernel.partition(":")
-            triton_aot.setdefault((module.replace(".", "/") + ".py", function), []).append(
-                {"call": entry["call"], "args": entry["args"]})
+    triton_aot = kernel_sites(triton_calls)
 
     # Every site of the tree (the check's "gains a site" compares these ids).
     sites: dict[str, Site] = {}

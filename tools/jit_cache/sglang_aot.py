@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically
+from tools.common.files import dir_replaced_atomically, set_tree_writable
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys, review_json
 
@@ -362,10 +362,7 @@ def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
         image = ImagePython(scratch, base_tar, site_trees, site_packages, arch)
         shipped = scratch / "shipped"
         shutil.copytree(cache, shipped)
-        for dirpath, dirnames, filenames in os.walk(shipped):
-            for name in filenames:
-                os.chmod(os.path.join(dirpath, name), 0o444)
-            os.chmod(dirpath, 0o555)
+        set_tree_writable(shipped, False)
         request = {"mode": "check", "capability": list(capability), "device_name": device_name,
                    "modules": entries, "runtime": runtime}
         try:
@@ -373,8 +370,7 @@ def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
                                                 "SGLANG_CRASH_ON_JIT_COMPILE": "1",
                                                 **_runtime_env(runtime)}, "check-sglang")
         finally:
-            for dirpath, dirnames, filenames in os.walk(shipped):
-                os.chmod(dirpath, 0o755)
+            set_tree_writable(shipped, True)
         _report_errors(result, modules_file, stack, len(entries), "check-sglang",
                        "rebuild the cache (build-sglang) from the same trees and toolchain")
         if result["fingerprint"] != manifest["environment_fingerprint"] or result["target"] != target:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, write_bytes_atomic
+from tools.common.files import dir_replaced_atomically, set_tree_writable, write_bytes_atomic
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys, review_json
 
@@ -105,6 +105,19 @@ def load_calls(path: Path, stack: str) -> list[dict[str, Any]]:
             raise UserError(f"{where}: listed twice; delete one")
         seen.add(key)
     return entries
+
+
+def kernel_sites(calls: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(file in the SGLang tree, function) of each listed kernel -> the calls that run it, each
+    {"call", "args"}: the inventory marks these sites prebuilt, the launch-profile check looks
+    them up."""
+    sites: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in calls:
+        for kernel in entry["kernels"]:
+            module, _, function = kernel.partition(":")
+            sites.setdefault((module.replace(".", "/") + ".py", function), []).append(
+                {"call": entry["call"], "args": entry["args"]})
+    return sites
 
 
 def _device(arch: str) -> dict[str, Any]:
@@ -296,16 +309,13 @@ def check_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
         image = _image(scratch, base_tar, site_trees, site_packages, arch)
         shipped = scratch / "shipped"
         shutil.copytree(cache, shipped)
-        for p in sorted(shipped.rglob("*"), reverse=True):
-            p.chmod(0o555 if p.is_dir() else 0o444)
+        set_tree_writable(shipped, False)
         triton_cache_dir = scratch / "triton-cache"
         bind(shipped, triton_cache_dir)
         try:
             rows = run_calls(image, device, calls, triton_cache_dir, "check-triton")
         finally:
-            for p in [shipped, *shipped.rglob("*")]:
-                if p.is_dir():
-                    p.chmod(0o755)
+            set_tree_writable(shipped, True)
     failed = 0
     for entry, row in zip(calls, rows):
         if row["compiled"]:

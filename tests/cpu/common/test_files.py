@@ -88,3 +88,22 @@ def test_a_file_or_link_in_the_way_is_one_line_and_stays(tmp_path: Path) -> None
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_tree_made_read_only_and_writable_again(tmp_path: Path) -> None:
+    from tools.common.files import set_tree_writable
+
+    root = tmp_path / "cache"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "m.so").write_bytes(b"x")
+    target = tmp_path / "elsewhere"
+    target.write_text("not ours")
+    target.chmod(0o600)
+    (root / "link").symlink_to(target)
+    set_tree_writable(root, False)
+    modes = {p.relative_to(root).as_posix(): p.lstat().st_mode & 0o777 for p in root.rglob("*") if not p.is_symlink()}
+    assert modes == {"a": 0o555, "a/b": 0o555, "a/b/m.so": 0o444} and root.stat().st_mode & 0o777 == 0o555
+    assert target.stat().st_mode & 0o777 == 0o600  # a link's target is not touched
+    set_tree_writable(root, True)
+    assert (root / "a" / "b" / "m.so").stat().st_mode & 0o777 == 0o644 and root.stat().st_mode & 0o777 == 0o755
+    shutil.rmtree(root)

@@ -203,6 +203,8 @@ def test_the_sglang_jit_proof_runs_with_no_compiler_reachable(tmp_path: Path) ->
     """`run.sh --sglang-jit`: only the proof (no kernel-cache build); its pytest process has an
     empty directory for PATH, CUDA_HOME at gpu_host.json's missing directory, the bundle's cache
     (copied to WORK) as SGLANG_JIT_CACHE_DIR, compiling forbidden; then the first-call table."""
+    from tools.jit_cache.sglang_aot import MANIFEST
+    assert host.SGLANG_JIT_MANIFEST == MANIFEST  # host.py runs where tools/jit_cache is not copied
     out, manifest = _bundle(tmp_path, with_sglang_jit=True)
     assert manifest["sglang_wheel"].startswith("wheels/sglang-0.5.23+kimik3.stand.in-")
     assert manifest["sglang_jit_cache"] == "sglang_jit"

@@ -3,25 +3,19 @@
 
 load("//image:constants.bzl", "SITE_PACKAGES")
 load("//tools/image/private:providers.bzl", "LayerInfo")
+load(":image_inputs.bzl", "image_inputs")
 
 def _sglang_jit_cache_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
     py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
-    tars = []
-    trees = []
-    for layer in ctx.attr.layers:
-        info = layer[LayerInfo]
-        tars += info.tars
-        if info.installed:
-            trees.append(info.installed)
-    if len(tars) != 1:
-        fail("%s: layers must hold exactly one base rootfs tar (//image:layer_base), got %d" % (ctx.label, len(tars)))
+    base_tar, trees = image_inputs(ctx)
+    tars = [base_tar]
     args = ctx.actions.args()
     args.add("build-sglang")
     args.add("--stack", ctx.attr.stack)
     args.add("--arch", ctx.attr.arch)
     args.add("--modules", ctx.file.modules)
-    args.add("--base-tar", tars[0])
+    args.add("--base-tar", base_tar)
     for tree in trees:
         args.add("--site-tree", tree.path)
     args.add("--site-packages", SITE_PACKAGES)
