@@ -8,7 +8,10 @@
     sbom               tools/image/sbom.py: the SPDX document shipped in the image
     oci_image_layout   tools/image/layout.py: the OCI layout (directory) from layers, bottom first
     oci_rootfs         the image's root as its layers' parts, for the launch-profile check (no blobs)
-    oci_push           `bazel run` target: tools/image/push.py on that layout
+    image_sbom         tools/image/image_sbom.py: the SPDX document of a built layout (syft + the locks)
+    oci_push           `bazel run` target: tools/image/push.py on that layout (+ attachments, signed)
+    oci_verify         `bazel run` target: tools/image/verify.py (signature, blobs, provenance, SBOM)
+    signing_key        `bazel run` target: tools/image/signing.py generate (a sigstore key pair)
 
 One action per layer, so Bazel's action cache is the layer cache: changing one SGLang patch
 re-runs the gate, the SGLang wheel repack and the SGLang layer action; every other layer action
@@ -24,7 +27,8 @@ load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_dire
 load("//tools/image/private:layer.bzl", _entrypoint_layer = "entrypoint_layer", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
-load("//tools/image/private:push.bzl", _oci_push = "oci_push")
+load("//tools/image/private:image_sbom.bzl", _image_sbom = "image_sbom")
+load("//tools/image/private:push.bzl", _oci_push = "oci_push", _oci_verify = "oci_verify", _signing_key = "signing_key")
 load("//tools/image/private:rootfs.bzl", _debian_rootfs = "debian_rootfs")
 load("//tools/image/private:rootfs_plan.bzl", _oci_rootfs = "oci_rootfs")
 load("//tools/image/private:sbom.bzl", _sbom = "sbom")
@@ -37,4 +41,7 @@ sbom = _sbom
 oci_image_layout = _oci_image_layout
 oci_rootfs = _oci_rootfs
 oci_push = _oci_push
+oci_verify = _oci_verify
+signing_key = _signing_key
+image_sbom = _image_sbom
 LayerInfo = _LayerInfo

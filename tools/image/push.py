@@ -48,7 +48,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from tools.common import credentials
 from tools.common.cache import cache_root
@@ -56,6 +56,10 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, sha256_digest
 from tools.image.profiles import SGLANG_JIT_IMAGE_PATH, SGLANG_JIT_MANIFEST
+from tools.image.signing import skopeo
+
+if TYPE_CHECKING:
+    from tools.image import attest
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 USER_ENV, PASSWORD_ENV = "KIMI_K3_REGISTRY_USERNAME", "KIMI_K3_REGISTRY_PASSWORD"
@@ -281,16 +285,9 @@ def tags(repo: Repository, creds: Credentials) -> list[str]:
 
 # ---------------------------------------------------------------- skopeo
 
-def _skopeo() -> str:
-    path = shutil.which("skopeo")
-    if path is None:
-        raise UserError("skopeo: not on PATH; install it (apt-get install -y skopeo)")
-    return path
-
-
 def run_skopeo(args: Sequence[str], repo: Repository, creds: Credentials, what: str) -> bytes:
     """Run skopeo; a failure becomes a UserError naming what failed and how to recover."""
-    proc = subprocess.run([_skopeo(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.run([skopeo(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if proc.returncode == 0:
         return proc.stdout
     err = proc.stderr.decode(errors="replace").strip().splitlines()
@@ -474,11 +471,24 @@ def layout_blobs(layout: Path) -> tuple[str, str, str, list[tuple[str, int]]]:
     return desc["digest"], manifest["config"]["digest"], index_digest, blobs
 
 
-def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None) -> PushResult:
+@dataclass(frozen=True)
+class Attestations:
+    """What push attaches beside the digest before tagging (tools/image/attest.py)."""
+
+    sbom: Path
+    statement: Callable[[str], dict]  # manifest digest -> the provenance statement
+    signer: "attest.Signer"
+
+
+def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None,
+         attestations: Attestations | None = None) -> PushResult:
     for t in tag_names:
         if not _TAG_RE.match(t):
             raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
     manifest_digest, config_digest, index_digest, blobs = layout_blobs(layout)
+    if attestations is not None:
+        from tools.image import attest
+        attest.signer_keys(attestations.signer)  # a bad key stops the push before any upload
     with tempfile.TemporaryDirectory(prefix="kimi-k3-push.") as tmp:
         creds = resolve_credentials(repo, authfile, Path(tmp))
         client = RegistryClient(repo, creds)
@@ -500,6 +510,11 @@ def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Pat
         if remote != manifest_digest:
             raise UserError(f"{repo}: registry returned manifest {remote}, expected {manifest_digest}; "
                             "no tag written; the registry rewrote the manifest")
+        if attestations is not None:
+            # Before any tag: whoever pulls a tag finds the attachments already beside its digest.
+            attest.attach(attest.Registry(repo, creds, Path(tmp)), manifest_digest, attestations.sbom.read_bytes(),
+                          attestations.statement(manifest_digest), attestations.signer,
+                          lambda line: print(line, file=sys.stderr))
         for t in tag_names:
             run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "src-tls-verify"),
                         *tls_args(repo, "dest-tls-verify"), *auth_args(creds, "src-authfile"),
@@ -559,6 +574,20 @@ def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, 
     return layers, modules
 
 
+def kernel_selection(layout: Path) -> str:
+    """The kernel selection the image's kernel cache was built from ("" without a kernel cache)."""
+    from tools.image.layer import open_layer_blob
+    _, manifest_bytes = read_index_manifest(layout)
+    path = _MODULE_MANIFESTS["kernel_cache"][0]
+    for layer in json.loads(manifest_bytes)["layers"]:
+        if layer.get("annotations", {}).get(LAYER_ANNOTATION) == "kernel_cache":
+            with open_layer_blob(blob_path(layout, layer["digest"])) as tar:
+                for member in tar:
+                    if member.isfile() and member.name.lstrip("./").endswith(path):
+                        return str(json.loads(tar.extractfile(member).read()).get("selection", ""))  # type: ignore[union-attr]
+    return ""
+
+
 def print_contents(layout: Path) -> None:
     layers, modules = image_contents(layout)
     for name, digest, size in layers:
@@ -579,6 +608,47 @@ def default_repository_path(layout: Path) -> str:
     return f"kimi-k3/{re.sub(r'[^a-z0-9._-]', '-', stack.lower())}"
 
 
+SIGN_KEY_ENV, SIGN_PASSPHRASE_ENV = "KIMI_K3_SIGNING_KEY", "KIMI_K3_SIGNING_PASSPHRASE_FILE"
+
+
+def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
+    if args.sbom is None:
+        return None
+    from tools.common.cliargs import named_paths
+    from tools.image import attest, signing
+    from tools.pins import lock as lockfile
+
+    if not args.sbom.is_file():
+        raise UserError(f"--sbom {args.sbom}: no such file; pass the image SBOM (//image:image_sbom)")
+    if not args.stack or args.lock is None:
+        raise UserError("--sbom needs --stack and --lock (the provenance records them)")
+    key = args.sign_key or (Path(os.environ[SIGN_KEY_ENV]) if os.environ.get(SIGN_KEY_ENV) else None)
+    passphrase = args.sign_passphrase_file or (
+        Path(os.environ[SIGN_PASSPHRASE_ENV]) if os.environ.get(SIGN_PASSPHRASE_ENV) else None)
+    if key is None and passphrase is None:
+        key, passphrase, public = signing.local_key()
+    elif key is None or passphrase is None:
+        raise UserError(f"--sign-key and --sign-passphrase-file (${SIGN_KEY_ENV}, ${SIGN_PASSPHRASE_ENV}) go "
+                        "together: pass both, or neither for the local key")
+    else:
+        public = Path(str(key).removesuffix(signing.PRIVATE_SUFFIX) + signing.PUBLIC_SUFFIX)
+        if not public.is_file():
+            raise UserError(f"--sign-key {key}: no {public.name} beside it; keep the key pair together")
+    locks = dict(named_paths(args.provenance_lock, "--provenance-lock", form="WORKSPACE_PATH=FILE"))
+    gates = dict(named_paths(args.gate_manifest, "--gate-manifest"))
+    lock = lockfile.load(args.lock)
+    workspace = args.workspace or Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."))
+    source = attest.workspace_source(workspace)
+    selection = args.kernel_selection or kernel_selection(args.layout)
+
+    def statement(digest: str) -> dict:
+        return attest.provenance_statement(manifest_digest=digest, stack=args.stack,
+                                           kernel_selection=selection, locks=locks,
+                                           toolchain_pins=attest.toolchain_pins(lock), gate_manifests=gates,
+                                           sbom=args.sbom, source=source)
+    return Attestations(args.sbom, statement, attest.Signer(key, passphrase, public))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layout", type=Path, help="OCI image layout from tools/image/layout.py")
@@ -586,6 +656,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tag", action="append", default=[], help="tags to apply after the digest is verified")
     p.add_argument("--authfile", type=Path, help="docker/containers auth file")
     p.add_argument("--stop-local-registry", action="store_true", help="stop the registry this tool started")
+    a = p.add_argument_group("attachments (tools/image/attest.py): SBOM, signed provenance, signature")
+    a.add_argument("--sbom", type=Path, help="the image's SBOM (tools/image/image_sbom.py); attach all three")
+    a.add_argument("--stack", help="the image's stack (provenance)")
+    a.add_argument("--kernel-selection", default="", help="the kernel cache's selection (provenance; default: "
+                   "the one the image's kernel_cache.json names)")
+    a.add_argument("--lock", type=Path, help="pins.lock.json (its toolchains go into the provenance)")
+    a.add_argument("--provenance-lock", action="append", default=[], metavar="WORKSPACE_PATH=FILE",
+                   help="a lock file the provenance records by digest, under its workspace path")
+    a.add_argument("--gate-manifest", action="append", default=[], metavar="NAME=FILE")
+    a.add_argument("--workspace", type=Path, help="the checkout built from (default: $BUILD_WORKSPACE_DIRECTORY)")
+    a.add_argument("--sign-key", type=Path, help=f"PREFIX.private (default: ${SIGN_KEY_ENV}, else a local key "
+                   "generated under the cache root)")
+    a.add_argument("--sign-passphrase-file", type=Path, help=f"its passphrase (default: ${SIGN_PASSPHRASE_ENV})")
     args = p.parse_args(argv)
     credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
     if args.stop_local_registry:
@@ -597,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         reg = local_registry()
         repo = Repository(reg.host, default_repository_path(args.layout))
-    print_result(push(args.layout, repo, args.tag, args.authfile))
+    print_result(push(args.layout, repo, args.tag, args.authfile, attestations_from_args(args)))
     print_contents(args.layout)
     return 0
 

@@ -204,10 +204,15 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
                      + keep.format(cache)), []
     if site.kind == "cute-dsl":
         if d.get("use") == "aot-cache":
-            return GAP, ("SGLang's CuTe-DSL AOT cache ships empty: filled at first compile"
+            # CuTe-DSL itself compiles for sm_120a without a GPU (CUTE_DSL_ARCH=sm_120a) and this
+            # cache stores and loads entries without one: what is missing is each entry's key.
+            return GAP, ("SGLang's CuTe-DSL AOT cache ships empty: each entry's key holds the call's device "
+                         "capability, dtypes, shapes and strides, and the cache's fingerprint the target arch "
+                         "(CUTE_DSL_ARCH, else sm_<major><minor> from torch), known once a GPU run records the "
+                         "calls; filled at first compile"
                          + keep.format("$SGLANG_CUTE_AOT_CACHE_DIR (default $SGLANG_CACHE_DIR/cute_aot)")), []
-        return GAP, ("cute.compile at first call in each serving process; no ahead-of-time build yet; warm up "
-                     "with a request before serving"), []
+        return GAP, ("cute.compile at first call in each serving process, kept in that process only (no disk "
+                     "cache to ship it in); warm up with a request before serving"), []
     if site.kind == "inductor":
         return GAP, ("torch.compile traces and compiles at first call; its inductor kernels cannot be enumerated "
                      "statically" + keep.format("$TORCHINDUCTOR_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/inductor)")), []

@@ -33,6 +33,7 @@ from typing import Iterator
 import pytest
 import zstandard
 from tests.cpu.conftest import artifact
+from tests.cpu.image.registry_fixtures import isolated_env, registry  # noqa: F401 (fixtures)
 
 from tools.common.errors import UserError
 from tools.image import layer as oci_layer
@@ -51,33 +52,12 @@ SITE = "usr/local/lib/python3.11/dist-packages"
 
 # ---------------------------------------------------------------- fixtures
 
-@pytest.fixture(autouse=True)
-def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No user credentials or caches leak in; skopeo's temp files stay under tmp_path."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setenv("KIMI_K3_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(EPOCH))
-    for var in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", oci_push.USER_ENV, oci_push.PASSWORD_ENV):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture(scope="module")
 def host_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # image/entrypoint.py imports typing and, for its guard (also run inside the chroot),
     # importlib.metadata (the installed Mooncake's version).
     return rootfs.host_python_rootfs(tmp_path_factory.mktemp("rootfs") / "root",
                                      ["typing", "__future__", "importlib.metadata"])
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[oci_push.RegistryProcess]:
-    reg = oci_push.start_registry(tmp_path / "registry")
-    yield reg
-    oci_push.stop_registry(reg)
 
 
 def write_tree(root: Path, files: dict[str, str]) -> Path:

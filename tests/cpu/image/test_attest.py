@@ -1,0 +1,246 @@
+"""The signed, attested image (tools/image/attest.py, signing.py, verify.py, image_sbom.py) on
+Debian's docker-registry on 127.0.0.1, with skopeo from the sealed root and a key pair generated
+per test (skopeo generate-sigstore-key).
+
+Tiny images stand in for the real one: the attachments, the signature and `verify` do not look
+inside the layers, and the real image's SBOM has its own test (test_image_sbom.py).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.cpu.image.registry_fixtures import isolated_env, registry  # noqa: F401 (fixtures)
+from tools.common.errors import UserError
+from tools.image import attest, signing, verify
+from tools.image import image_sbom
+from tools.image import layer as oci_layer
+from tools.image import layout as oci_image
+from tools.image import push as oci_push
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+EPOCH = 1700000000
+PATH = "kimi-k3/tiny"
+
+
+def tiny_layout(work: Path, text: str) -> Path:
+    tree = work / "tree"
+    (tree / "tiny").mkdir(parents=True)
+    (tree / "tiny" / "__init__.py").write_text(text)
+    blob, desc = work / "l.tar.zst", work / "l.json"
+    assert oci_layer.main(["--name", "tiny", "--out", str(blob), "--descriptor", str(desc),
+                           "--site-tree", str(tree), "--source-date-epoch", str(EPOCH)]) == 0
+    assert oci_image.main(["--out", str(work / "layout"), "--layer", str(desc), str(blob),
+                           "--source-date-epoch", str(EPOCH)]) == 0
+    return work / "layout"
+
+
+def key_pair(tmp_path: Path, name: str) -> attest.Signer:
+    passphrase = tmp_path / f"{name}.passphrase"
+    passphrase.write_text(f"passphrase of {name}\n")
+    private, public = signing.generate(tmp_path / "keys" / name, passphrase)
+    return attest.Signer(private, passphrase, public)
+
+
+def checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "checkout"
+    for name in attest.LOCK_FILES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO_ROOT / name, root / name)
+    return root
+
+
+def attestations(tmp_path: Path, signer: attest.Signer, sbom_text: str = '{"spdxVersion":"SPDX-2.3","packages":[]}\n'
+                 ) -> oci_push.Attestations:
+    sbom = tmp_path / "image.spdx.json"
+    sbom.write_text(sbom_text)
+    root = checkout(tmp_path)
+    locks = {name: root / name for name in attest.LOCK_FILES}
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"patches": []}\n')
+
+    def statement(digest: str) -> dict:
+        return attest.provenance_statement(manifest_digest=digest, stack="tiny", kernel_selection="kimi-k3",
+                                           locks=locks, toolchain_pins=[], gate_manifests={"sglang": gate},
+                                           sbom=sbom, source=attest.Source("git+file:///src", "0" * 40, False))
+    return oci_push.Attestations(sbom, statement, signer)
+
+
+def run_verify(ref: str, key: Path, root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
+    rc = verify.verify(ref, key, root)
+    lines = capsys.readouterr().out.splitlines()
+    checks = {line.split()[1]: line.split()[0] for line in lines if line.startswith(("ok ", "FAIL "))}
+    return rc, checks
+
+
+ALL_OK = {c: "ok" for c in ("digest", "signature", "blobs", "provenance", "locks", "sbom")}
+
+
+def test_push_attaches_and_verify_passes_and_a_second_push_uploads_nothing(
+        tmp_path: Path, registry: oci_push.RegistryProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    signer = key_pair(tmp_path, "k1")
+    repo = oci_push.Repository(registry.host, PATH)
+    first = oci_push.push(layout, repo, ["v1"], attestations=attestations(tmp_path, signer))
+    digest = first.manifest_digest
+    tags = oci_push.tags(repo, oci_push.Credentials(None, None, "none"))
+    assert sorted(tags) == sorted(["v1", *(attest.attachment_tag(digest, k) for k in ("sbom", "att", "sig"))])
+    capsys.readouterr()
+    rc, checks = run_verify(f"{registry.host}/{PATH}:v1", signer.public_key_path, checkout(tmp_path), capsys)
+    assert (rc, checks) == (0, ALL_OK)
+
+    second = oci_push.push(layout, repo, ["v1"], attestations=attestations(tmp_path, signer))
+    err = capsys.readouterr().err
+    assert second.manifest_digest == digest  # signing never rewrites the image manifest
+    assert second.blobs_uploaded == 0
+    for kind in ("sbom", "att", "sig"):
+        assert f"{attest.attachment_tag(digest, kind)}: already there, kept" in err
+
+
+def _push_signed(tmp_path: Path, registry: oci_push.RegistryProcess, name: str, text: str,
+                 signer: attest.Signer, tag: str = "v1") -> str:
+    layout = tiny_layout(tmp_path / name, text)
+    repo = oci_push.Repository(registry.host, PATH)
+    return oci_push.push(layout, repo, [tag], attestations=attestations(tmp_path / name, signer)).manifest_digest
+
+
+def _skopeo_copy(registry: oci_push.RegistryProcess, src: str, dst: str) -> None:
+    subprocess.run([signing.skopeo(), "copy", "--preserve-digests", "--src-tls-verify=false", "--dest-tls-verify=false",
+                    f"docker://{registry.host}/{PATH}{src}", f"docker://{registry.host}/{PATH}{dst}"],
+                   check=True, capture_output=True)
+
+
+def _blob_file(registry: oci_push.RegistryProcess, digest: str) -> Path:
+    hexpart = digest.split(":", 1)[1]
+    return registry.root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexpart[:2] / hexpart / "data"
+
+
+def _delete_manifest(registry: oci_push.RegistryProcess, tag: str) -> None:
+    import urllib.request
+    url = f"http://{registry.host}/v2/{PATH}/manifests/{tag}"
+    head = urllib.request.Request(url, method="HEAD", headers={"Accept": oci_image.MANIFEST_MEDIA_TYPE})
+    with urllib.request.urlopen(head) as resp:
+        digest = resp.headers["Docker-Content-Digest"]
+    with urllib.request.urlopen(urllib.request.Request(f"http://{registry.host}/v2/{PATH}/manifests/{digest}",
+                                                       method="DELETE")) as resp:
+        assert resp.status == 202
+
+
+@pytest.mark.parametrize("tamper, failed", [
+    ("retagged", {"signature", "blobs", "provenance", "locks", "sbom"}),
+    ("flipped_layer_byte", {"blobs"}),
+    ("other_key", {"signature", "blobs", "provenance", "locks", "sbom"}),
+    ("provenance_of_another_digest", {"provenance", "locks", "sbom"}),
+    ("missing_sbom", {"sbom"}),
+    ("missing_signature", {"signature", "blobs"}),
+    ("lock_changed", {"locks"}),
+])
+def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, registry: oci_push.RegistryProcess,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    k1 = key_pair(tmp_path, "k1")
+    signer = key_pair(tmp_path, "k2") if tamper == "other_key" else k1
+    digest = _push_signed(tmp_path, registry, "a", "A = 1\n", signer)
+    root = checkout(tmp_path)
+    ref = f"{registry.host}/{PATH}:v1"
+    if tamper == "retagged":
+        # Another image (unsigned, no attachments) pushed under the tag verified before.
+        other = tiny_layout(tmp_path / "b", "B = 2\n")
+        oci_push.push(other, oci_push.Repository(registry.host, PATH), ["v1"])
+    elif tamper == "flipped_layer_byte":
+        _, manifest_bytes = oci_image.read_index_manifest(tmp_path / "a" / "layout")
+        blob = _blob_file(registry, json.loads(manifest_bytes)["layers"][0]["digest"])
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        blob.write_bytes(bytes(data))
+    elif tamper == "provenance_of_another_digest":
+        other = _push_signed(tmp_path, registry, "b", "B = 2\n", k1, tag="v2")
+        _skopeo_copy(registry, ":" + attest.attachment_tag(other, "att"), ":" + attest.attachment_tag(digest, "att"))
+    elif tamper == "missing_sbom":
+        _delete_manifest(registry, attest.attachment_tag(digest, "sbom"))
+    elif tamper == "missing_signature":
+        _delete_manifest(registry, attest.attachment_tag(digest, "sig"))
+    elif tamper == "lock_changed":
+        (root / "third_party" / "pins.lock.json").write_text("{}\n")
+    capsys.readouterr()
+    rc, checks = run_verify(ref, k1.public_key_path, root, capsys)
+    assert rc == 1
+    assert {c for c, state in checks.items() if state == "FAIL"} == failed, checks
+    assert set(checks) == set(ALL_OK)
+
+
+def test_verify_refuses_a_digest_the_registry_does_not_serve(tmp_path: Path, registry: oci_push.RegistryProcess,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    k1 = key_pair(tmp_path, "k1")
+    _push_signed(tmp_path, registry, "a", "A = 1\n", k1)
+    with pytest.raises(UserError, match="no such manifest"):
+        verify.verify(f"{registry.host}/{PATH}@sha256:{'0' * 64}", k1.public_key_path, checkout(tmp_path))
+    with pytest.raises(UserError, match="expected HOST"):
+        verify.verify(f"{registry.host}/{PATH}", k1.public_key_path, checkout(tmp_path))
+
+
+def test_keys_refuse_overwrite_and_a_wrong_passphrase(tmp_path: Path) -> None:
+    k1 = key_pair(tmp_path, "k1")
+    with pytest.raises(UserError, match="refusing to overwrite"):
+        signing.generate(Path(str(k1.key).removesuffix(".private")), k1.passphrase_file)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not it\n")
+    with pytest.raises(UserError, match="does not decrypt"):
+        signing.load_private_key(k1.key, wrong)
+    with pytest.raises(UserError, match="not a sigstore private key"):
+        signing.load_private_key(k1.public_key_path, k1.passphrase_file)
+    # The envelope helper: another key's signature is named as such.
+    k2 = key_pair(tmp_path, "k2")
+    envelope = signing.dsse_sign(b"{}", attest.IN_TOTO_PAYLOAD_TYPE, signing.load_private_key(k1.key, k1.passphrase_file))
+    assert signing.dsse_open(envelope, signing.load_public_key(k1.public_key_path), attest.IN_TOTO_PAYLOAD_TYPE) == b"{}"
+    with pytest.raises(ValueError, match="no signature by this key"):
+        signing.dsse_open(envelope, signing.load_public_key(k2.public_key_path), attest.IN_TOTO_PAYLOAD_TYPE)
+
+
+def test_local_key_is_generated_once_and_reused(tmp_path: Path) -> None:
+    first = signing.local_key()
+    assert all(p.is_file() for p in first)
+    assert oct(first[0].stat().st_mode & 0o777) == "0o600" and oct(first[1].stat().st_mode & 0o777) == "0o600"
+    assert signing.local_key() == first
+    assert signing.load_private_key(first[0], first[1]) is not None
+
+
+def test_a_mismatched_key_pair_is_refused_before_anything_is_pushed(tmp_path: Path, registry: oci_push.RegistryProcess) -> None:
+    k1, k2 = key_pair(tmp_path, "k1"), key_pair(tmp_path, "k2")
+    mixed = attest.Signer(k1.key, k1.passphrase_file, k2.public_key_path)
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    repo = oci_push.Repository(registry.host, PATH)
+    with pytest.raises(UserError, match="its public key is not"):
+        oci_push.push(layout, repo, ["v1"], attestations=attestations(tmp_path, mixed))
+    client = oci_push.RegistryClient(repo, oci_push.Credentials(None, None, "none"))
+    _, manifest_bytes = oci_image.read_index_manifest(layout)
+    assert [client.blob_exists(l["digest"]) for l in json.loads(manifest_bytes)["layers"]] == [False]
+    assert oci_push.tags(repo, oci_push.Credentials(None, None, "none")) == []
+
+
+def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -> None:
+    """syft's time, random namespace and scanned path are taken out: two copies, one document."""
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    copy = tmp_path / "elsewhere" / "image.oci"
+    shutil.copytree(layout, copy)
+    from tools.pins import debian
+    from tools.pins import lock as lockfile
+    lock = lockfile.load(REPO_ROOT / "third_party" / "pins.lock.json")
+    base = debian.load_set(REPO_ROOT / "third_party" / "debian.lock.json", "image-base")
+    docs = [image_sbom.build(p, stack="pypi", lock=lock, base=base, manifests=[], epoch=EPOCH) for p in (layout, copy)]
+    assert docs[0] == docs[1]
+    text = json.dumps(docs[0])
+    assert str(tmp_path) not in text
+    assert docs[0]["creationInfo"]["created"] == "2023-11-14T22:13:20Z"
+    root = next(p for p in docs[0]["packages"] if p.get("primaryPackagePurpose") == "CONTAINER")
+    assert root["checksums"][0]["checksumValue"] == json.loads((layout / "index.json").read_text())[
+        "manifests"][0]["digest"].split(":")[1]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
