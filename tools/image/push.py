@@ -478,6 +478,7 @@ class Attestations:
     sbom: Path
     statement: Callable[[str], dict]  # manifest digest -> the provenance statement
     signer: "attest.Signer"
+    sbom_cyclonedx: Path | None = None
 
 
 def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None,
@@ -514,7 +515,8 @@ def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Pat
             # Before any tag: whoever pulls a tag finds the attachments already beside its digest.
             attest.attach(attest.Registry(repo, creds, Path(tmp)), manifest_digest, attestations.sbom.read_bytes(),
                           attestations.statement(manifest_digest), attestations.signer,
-                          lambda line: print(line, file=sys.stderr))
+                          lambda line: print(line, file=sys.stderr),
+                          attestations.sbom_cyclonedx.read_bytes() if attestations.sbom_cyclonedx else None)
         for t in tag_names:
             run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "src-tls-verify"),
                         *tls_args(repo, "dest-tls-verify"), *auth_args(creds, "src-authfile"),
@@ -618,8 +620,9 @@ def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
     from tools.image import attest, signing
     from tools.pins import lock as lockfile
 
-    if not args.sbom.is_file():
-        raise UserError(f"--sbom {args.sbom}: no such file; pass the image SBOM (//image:image_sbom)")
+    for flag, path in (("--sbom", args.sbom), ("--sbom-cyclonedx", args.sbom_cyclonedx)):
+        if path is not None and not path.is_file():
+            raise UserError(f"{flag} {path}: no such file; pass the image SBOM (//image:image_sbom)")
     if not args.stack or args.lock is None:
         raise UserError("--sbom needs --stack and --lock (the provenance records them)")
     key = args.sign_key or (Path(os.environ[SIGN_KEY_ENV]) if os.environ.get(SIGN_KEY_ENV) else None)
@@ -645,8 +648,8 @@ def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
         return attest.provenance_statement(manifest_digest=digest, stack=args.stack,
                                            kernel_selection=selection, locks=locks,
                                            toolchain_pins=attest.toolchain_pins(lock), gate_manifests=gates,
-                                           sbom=args.sbom, source=source)
-    return Attestations(args.sbom, statement, attest.Signer(key, passphrase, public))
+                                           sbom=args.sbom, source=source, sbom_cyclonedx=args.sbom_cyclonedx)
+    return Attestations(args.sbom, statement, attest.Signer(key, passphrase, public), args.sbom_cyclonedx)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -658,6 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stop-local-registry", action="store_true", help="stop the registry this tool started")
     a = p.add_argument_group("attachments (tools/image/attest.py): SBOM, signed provenance, signature")
     a.add_argument("--sbom", type=Path, help="the image's SBOM (tools/image/image_sbom.py); attach all three")
+    a.add_argument("--sbom-cyclonedx", type=Path, help="the same SBOM as CycloneDX, attached beside it")
     a.add_argument("--stack", help="the image's stack (provenance)")
     a.add_argument("--kernel-selection", default="", help="the kernel cache's selection (provenance; default: "
                    "the one the image's kernel_cache.json names)")

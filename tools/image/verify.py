@@ -141,22 +141,26 @@ def check_provenance(registry: attest.Registry, digest: str, public_key: Path, c
 
 def check_sbom(registry: attest.Registry, digest: str, statement: dict[str, Any] | None, report: Report) -> None:
     tag = attest.attachment_tag(digest, attest.SBOM)
-    layers = registry.pull_artifact(tag)
-    data = next((d for desc, d in layers or () if desc.get("mediaType") == attest.SPDX_MEDIA_TYPE), None)
+    layers = {desc.get("mediaType"): data for desc, data in registry.pull_artifact(tag) or ()}
+    data = layers.get(attest.SPDX_MEDIA_TYPE)
     if data is None:
         report.fail("sbom", f"{registry.repo}:{tag}: missing; push the image with its attachments")
         return
-    expected = attest.sbom_digest(statement) if statement else ""
-    actual = "sha256:" + sha256_bytes(data)
     if statement is None:
-        report.fail("sbom", f"{registry.repo}:{tag}: present ({actual}) but unauthenticated: no valid provenance records it")
-    elif actual != expected:
-        report.fail("sbom", f"{registry.repo}:{tag}: {actual}, but the provenance records {expected or 'none'}; "
+        report.fail("sbom", f"{registry.repo}:{tag}: present but unauthenticated: no valid provenance records it")
+        return
+    recorded = attest.sbom_digests(statement)
+    wrong = [f"{kind} {'sha256:' + sha256_bytes(layers[kind]) if kind in layers else 'missing'}, the provenance "
+             f"records {expected}" for kind, expected in sorted(recorded.items())
+             if kind not in layers or "sha256:" + sha256_bytes(layers[kind]) != expected]
+    if not recorded or wrong:
+        report.fail("sbom", f"{registry.repo}:{tag}: {'; '.join(wrong) or 'the provenance records no SBOM'}; "
                             "the SBOM was replaced: push the image with its attachments again")
-    else:
-        doc = json.loads(data)
-        report.ok("sbom", f"{registry.repo}:{tag} {actual} as the provenance records ({len(doc.get('packages', []))} "
-                          f"packages, {doc.get('spdxVersion')})")
+        return
+    doc = json.loads(data)
+    report.ok("sbom", f"{registry.repo}:{tag} as the provenance records ({len(doc.get('packages', []))} packages, "
+                      f"{doc.get('spdxVersion')}" + (", CycloneDX beside it" if attest.CYCLONEDX_MEDIA_TYPE in layers
+                                                     else "") + ")")
 
 
 def verify(reference: str, key: Path, checkout: Path, authfile: Path | None = None) -> int:

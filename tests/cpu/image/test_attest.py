@@ -8,6 +8,7 @@ inside the layers, and the real image's SBOM has its own test (test_image_sbom.p
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def attestations(tmp_path: Path, signer: attest.Signer, sbom_text: str = '{"spdx
                  ) -> oci_push.Attestations:
     sbom = tmp_path / "image.spdx.json"
     sbom.write_text(sbom_text)
+    cyclonedx = tmp_path / "image.cdx.json"
+    cyclonedx.write_text('{"bomFormat":"CycloneDX","specVersion":"1.6"}\n')
     root = checkout(tmp_path)
     locks = {name: root / name for name in attest.LOCK_FILES}
     gate = tmp_path / "gate.json"
@@ -68,8 +71,9 @@ def attestations(tmp_path: Path, signer: attest.Signer, sbom_text: str = '{"spdx
     def statement(digest: str) -> dict:
         return attest.provenance_statement(manifest_digest=digest, stack="tiny", kernel_selection="kimi-k3",
                                            locks=locks, toolchain_pins=[], gate_manifests={"sglang": gate},
-                                           sbom=sbom, source=attest.Source("git+file:///src", "0" * 40, False))
-    return oci_push.Attestations(sbom, statement, signer)
+                                           sbom=sbom, source=attest.Source("git+file:///src", "0" * 40, False),
+                                           sbom_cyclonedx=cyclonedx)
+    return oci_push.Attestations(sbom, statement, signer, cyclonedx)
 
 
 def run_verify(ref: str, key: Path, root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
@@ -138,6 +142,7 @@ def _delete_manifest(registry: oci_push.RegistryProcess, tag: str) -> None:
     ("other_key", {"signature", "blobs", "provenance", "locks", "sbom"}),
     ("provenance_of_another_digest", {"provenance", "locks", "sbom"}),
     ("missing_sbom", {"sbom"}),
+    ("replaced_sbom", {"sbom"}),
     ("missing_signature", {"signature", "blobs"}),
     ("lock_changed", {"locks"}),
 ])
@@ -163,6 +168,13 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
         _skopeo_copy(registry, ":" + attest.attachment_tag(other, "att"), ":" + attest.attachment_tag(digest, "att"))
     elif tamper == "missing_sbom":
         _delete_manifest(registry, attest.attachment_tag(digest, "sbom"))
+    elif tamper == "replaced_sbom":
+        # An SBOM that leaves a package out, under the tag: the provenance's digest no longer matches.
+        fake = tmp_path / "fake-sbom"
+        attest.write_artifact(fake, attest.SPDX_MEDIA_TYPE, b'{"spdxVersion":"SPDX-2.3","packages":[]} \n')
+        registry_ = attest.Registry(oci_push.Repository(registry.host, PATH), oci_push.Credentials(None, None, "none"),
+                                    tmp_path)
+        registry_.push_artifact(fake, attest.attachment_tag(digest, "sbom"))
     elif tamper == "missing_signature":
         _delete_manifest(registry, attest.attachment_tag(digest, "sig"))
     elif tamper == "lock_changed":
@@ -232,10 +244,13 @@ def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -
     from tools.pins import lock as lockfile
     lock = lockfile.load(REPO_ROOT / "third_party" / "pins.lock.json")
     base = debian.load_set(REPO_ROOT / "third_party" / "debian.lock.json", "image-base")
-    docs = [image_sbom.build(p, stack="pypi", lock=lock, base=base, manifests=[], epoch=EPOCH) for p in (layout, copy)]
-    assert docs[0] == docs[1]
-    text = json.dumps(docs[0])
-    assert str(tmp_path) not in text
+    built = [image_sbom.build(p, stack="pypi", lock=lock, base=base, manifests=[], epoch=EPOCH) for p in (layout, copy)]
+    assert built[0] == built[1]  # SPDX and CycloneDX alike
+    docs = [spdx for spdx, _ in built]
+    assert str(tmp_path) not in json.dumps(built[0])
+    cyclonedx = built[0][1]
+    assert cyclonedx["metadata"]["timestamp"] == "2023-11-14T22:13:20Z"
+    assert re.match(r"^urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$", cyclonedx["serialNumber"])
     assert docs[0]["creationInfo"]["created"] == "2023-11-14T22:13:20Z"
     root = next(p for p in docs[0]["packages"] if p.get("primaryPackagePurpose") == "CONTAINER")
     assert root["checksums"][0]["checksumValue"] == json.loads((layout / "index.json").read_text())[

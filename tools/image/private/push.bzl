@@ -34,6 +34,10 @@ def _oci_push_impl(ctx):
         # The attachments: the image's SBOM, and what its provenance records by digest.
         args += ["--sbom", _runfile(ctx.file.sbom), "--stack", ctx.attr.stack, "--lock", _runfile(ctx.file.lock)]
         files += [ctx.file.sbom, ctx.file.lock]
+        if OutputGroupInfo in ctx.attr.sbom and hasattr(ctx.attr.sbom[OutputGroupInfo], "cyclonedx"):
+            cyclonedx = ctx.attr.sbom[OutputGroupInfo].cyclonedx.to_list()[0]
+            args += ["--sbom-cyclonedx", _runfile(cyclonedx)]
+            files.append(cyclonedx)
         for target, path in sorted(ctx.attr.provenance_locks.items(), key = lambda kv: kv[1]):
             f = target.files.to_list()[0]
             args += ["--provenance-lock", '%s="$(readlink -f "$runfiles/%s")"' % (path, f.short_path)]
