@@ -63,6 +63,18 @@ def set_tree_writable(root: Path, writable: bool) -> None:
             p.chmod(MODE if writable else 0o444)
 
 
+@contextlib.contextmanager
+def read_only_copy(src: Path, dest: Path) -> Iterator[Path]:
+    """A copy of tree src at dest, read-only while the block runs (a check's lookups must all be
+    hits: a miss would have to write), writable again afterwards so it can be removed."""
+    shutil.copytree(src, dest)
+    set_tree_writable(dest, False)
+    try:
+        yield dest
+    finally:
+        set_tree_writable(dest, True)
+
+
 def workspace_path(path: Path) -> Path:
     """A relative path is the workspace's under `bazel run` (which runs in the runfiles tree and
     names the source tree in BUILD_WORKSPACE_DIRECTORY): how a run target writes a checked-in file."""

@@ -44,6 +44,7 @@ from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, rfc
 from tools.image.sbom import read_gate_manifest, spdx_id
 from tools.pins import debian
 from tools.pins import lock as lockfile
+from tools.pins.pypi import normalize as project_name
 
 CREATOR = "Tool: kimi-k3-build tools/image/image_sbom.py"
 NOASSERTION = "NOASSERTION"
@@ -81,10 +82,6 @@ def _purl(pkg: dict[str, Any]) -> re.Match[str] | None:
     return None
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def compiled_modules(layout: Path) -> list[tuple[str, str, str]]:
     """[(layer, path in the image, sha256)] of the modules in the compiled layers."""
     _, manifest_bytes = read_index_manifest(layout)
@@ -108,12 +105,12 @@ def enrich(doc: dict[str, Any], *, stack: str, lock: lockfile.Lock, base: debian
     for pin_name in lock.stack(stack).pin_names():
         pin = lock.pin(pin_name)
         if pin.kind == "file" and pin.package:
-            wheels[(_norm(pin.package.name), pin.package.version)] = pin
+            wheels[(project_name(pin.package.name), pin.package.version)] = pin
     targets = {}  # patched distribution name -> gate manifest
     for m in manifests:
         pin = lock.pin(m["target"]["pin"])
         if pin.package:
-            targets[_norm(pin.package.name)] = m
+            targets[project_name(pin.package.name)] = m
     unmatched_debs = []
     patched_ids: dict[str, str] = {}
     for pkg in doc["packages"]:
@@ -130,7 +127,7 @@ def enrich(doc: dict[str, Any], *, stack: str, lock: lockfile.Lock, base: debian
             pkg["downloadLocation"] = deb.urls[0]
             pkg["packageFileName"] = Path(deb.filename).name
         else:
-            name = _norm(purl["name"])
+            name = project_name(purl["name"])
             pin = wheels.get((name, purl["version"]))
             if pin is not None:
                 pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": pin.sha256}]

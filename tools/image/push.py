@@ -554,39 +554,44 @@ _MODULE_MANIFESTS = {
 }
 
 
+def image_layers(layout: Path) -> list[tuple[str, str, int]]:
+    """[(layer name, digest, size)] of a layout, bottom first."""
+    _, manifest_bytes = read_index_manifest(layout)
+    return [(l.get("annotations", {}).get(LAYER_ANNOTATION, "?"), l["digest"], int(l["size"]))
+            for l in json.loads(manifest_bytes)["layers"]]
+
+
+def layer_json(layout: Path, digest: str, path: str) -> dict | None:
+    """The JSON file at `path` (a suffix of its path in the image) in the layer blob `digest`."""
+    from tools.image.layer import open_layer_blob
+    with open_layer_blob(blob_path(layout, digest)) as tar:
+        for member in tar:
+            if member.isfile() and member.name.lstrip("./").endswith(path):
+                return json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
+    return None
+
+
 def image_contents(layout: Path) -> tuple[list[tuple[str, str, int]], dict[str, dict[str, str]]]:
     """([(layer name, digest, size)], {layer name: {module: sha256}}) of a layout: what a user
     compares with another machine's build (docs/DIGESTS.md) to find the layer, and inside a layer
     of compiled modules (FlashInfer's kernel cache, SGLang's JIT modules) the module, whose bytes
     differ."""
-    from tools.image.layer import open_layer_blob
-    _, manifest_bytes = read_index_manifest(layout)
-    layers = [(l.get("annotations", {}).get(LAYER_ANNOTATION, "?"), l["digest"], int(l["size"]))
-              for l in json.loads(manifest_bytes)["layers"]]
+    layers = image_layers(layout)
     modules: dict[str, dict[str, str]] = {}
     for name, digest, _ in layers:
-        if name not in _MODULE_MANIFESTS:
-            continue
-        path, read, _ = _MODULE_MANIFESTS[name]
-        with open_layer_blob(blob_path(layout, digest)) as tar:
-            for member in tar:
-                if member.isfile() and member.name.lstrip("./").endswith(path):
-                    data = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
-                    modules[name] = dict(sorted(read(data).items()))
+        if name in _MODULE_MANIFESTS:
+            path, read, _ = _MODULE_MANIFESTS[name]
+            data = layer_json(layout, digest, path)
+            if data is not None:
+                modules[name] = dict(sorted(read(data).items()))
     return layers, modules
 
 
 def kernel_selection(layout: Path) -> str:
     """The kernel selection the image's kernel cache was built from ("" without a kernel cache)."""
-    from tools.image.layer import open_layer_blob
-    _, manifest_bytes = read_index_manifest(layout)
-    path = _MODULE_MANIFESTS["kernel_cache"][0]
-    for layer in json.loads(manifest_bytes)["layers"]:
-        if layer.get("annotations", {}).get(LAYER_ANNOTATION) == "kernel_cache":
-            with open_layer_blob(blob_path(layout, layer["digest"])) as tar:
-                for member in tar:
-                    if member.isfile() and member.name.lstrip("./").endswith(path):
-                        return str(json.loads(tar.extractfile(member).read()).get("selection", ""))  # type: ignore[union-attr]
+    for name, digest, _ in image_layers(layout):
+        if name == "kernel_cache":
+            return str((layer_json(layout, digest, _MODULE_MANIFESTS[name][0]) or {}).get("selection", ""))
     return ""
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, set_tree_writable
+from tools.common.files import dir_replaced_atomically, read_only_copy
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys, review_json
 
@@ -339,6 +339,13 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
     return 0
 
 
+def check_built_for(manifest: dict[str, Any], cache: Path, stack: str, arch: str) -> None:
+    """A first-use cache's manifest (SGLang JIT or Triton) names the stack and arch it was built for."""
+    if (manifest.get("stack"), manifest.get("arch")) != (stack, arch):
+        raise UserError(f"--cache {cache}: built for stack {manifest.get('stack')} arch "
+                        f"{manifest.get('arch')}, not {stack} {arch}")
+
+
 def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
                  site_trees: Sequence[Path], site_packages: str, cache: Path,
                  runtime_file: Path | None = None) -> int:
@@ -354,23 +361,16 @@ def check_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path,
     except (OSError, ValueError) as e:
         raise UserError(f"--cache {cache}: no readable {MANIFEST} ({e}); pass the output of "
                         "build-sglang") from None
-    if (manifest.get("stack"), manifest.get("arch")) != (stack, arch):
-        raise UserError(f"--cache {cache}: built for stack {manifest.get('stack')} arch "
-                        f"{manifest.get('arch')}, not {stack} {arch}")
+    check_built_for(manifest, cache, stack, arch)
     with tempfile.TemporaryDirectory(prefix="sglang-jit-check-") as scratch_dir:
         scratch = Path(scratch_dir)
         image = ImagePython(scratch, base_tar, site_trees, site_packages, arch)
-        shipped = scratch / "shipped"
-        shutil.copytree(cache, shipped)
-        set_tree_writable(shipped, False)
         request = {"mode": "check", "capability": list(capability), "device_name": device_name,
                    "modules": entries, "runtime": runtime}
-        try:
+        with read_only_copy(cache, scratch / "shipped") as shipped:
             result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(shipped),
                                                 "SGLANG_CRASH_ON_JIT_COMPILE": "1",
                                                 **_runtime_env(runtime)}, "check-sglang")
-        finally:
-            set_tree_writable(shipped, True)
         _report_errors(result, modules_file, stack, len(entries), "check-sglang",
                        "rebuild the cache (build-sglang) from the same trees and toolchain")
         if result["fingerprint"] != manifest["environment_fingerprint"] or result["target"] != target:

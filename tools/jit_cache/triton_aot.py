@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, set_tree_writable, write_bytes_atomic
+from tools.common.files import dir_replaced_atomically, read_only_copy, write_bytes_atomic
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys, review_json
 
@@ -250,6 +250,7 @@ def _image(scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packa
     return ImagePython(scratch, base_tar, site_trees, site_packages, arch)
 
 
+
 def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_trees: Sequence[Path],
                  site_packages: str, out: Path, source_date_epoch: int = 0) -> int:
     device = _device(arch)
@@ -300,22 +301,17 @@ def check_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
                  site_packages: str, cache: Path) -> int:
     device = _device(arch)
     calls = load_calls(calls_file, stack)
+    from tools.jit_cache.sglang_aot import check_built_for
+
     manifest = read_manifest(cache)
-    if (manifest.get("stack"), manifest.get("arch")) != (stack, arch):
-        raise UserError(f"--cache {cache}: built for stack {manifest.get('stack')} arch "
-                        f"{manifest.get('arch')}, not {stack} {arch}")
+    check_built_for(manifest, cache, stack, arch)
     with tempfile.TemporaryDirectory(prefix="triton-check-") as scratch_dir:
         scratch = Path(scratch_dir)
         image = _image(scratch, base_tar, site_trees, site_packages, arch)
-        shipped = scratch / "shipped"
-        shutil.copytree(cache, shipped)
-        set_tree_writable(shipped, False)
-        triton_cache_dir = scratch / "triton-cache"
-        bind(shipped, triton_cache_dir)
-        try:
+        with read_only_copy(cache, scratch / "shipped") as shipped:
+            triton_cache_dir = scratch / "triton-cache"
+            bind(shipped, triton_cache_dir)
             rows = run_calls(image, device, calls, triton_cache_dir, "check-triton")
-        finally:
-            set_tree_writable(shipped, True)
     failed = 0
     for entry, row in zip(calls, rows):
         if row["compiled"]:

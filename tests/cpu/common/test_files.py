@@ -86,9 +86,6 @@ def test_a_file_or_link_in_the_way_is_one_line_and_stays(tmp_path: Path) -> None
         shutil.rmtree(new)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
-
 
 def test_a_tree_made_read_only_and_writable_again(tmp_path: Path) -> None:
     from tools.common.files import set_tree_writable
@@ -107,3 +104,24 @@ def test_a_tree_made_read_only_and_writable_again(tmp_path: Path) -> None:
     set_tree_writable(root, True)
     assert (root / "a" / "b" / "m.so").stat().st_mode & 0o777 == 0o644 and root.stat().st_mode & 0o777 == 0o755
     shutil.rmtree(root)
+
+
+def test_a_read_only_copy_is_read_only_in_the_block_and_removable_after(tmp_path: Path) -> None:
+    from tools.common.files import read_only_copy
+
+    src = tmp_path / "cache"
+    (src / "k").mkdir(parents=True)
+    (src / "k" / "m.cubin").write_bytes(b"x")
+    with pytest.raises(RuntimeError):
+        with read_only_copy(src, tmp_path / "copy") as copy:
+            assert (copy / "k" / "m.cubin").read_bytes() == b"x"
+            assert (copy / "k").stat().st_mode & 0o777 == 0o555
+            assert (copy / "k" / "m.cubin").stat().st_mode & 0o777 == 0o444
+            raise RuntimeError("the block fails")
+    assert (tmp_path / "copy" / "k").stat().st_mode & 0o777 == 0o755  # writable again, even after a failure
+    shutil.rmtree(tmp_path / "copy")
+    assert (src / "k").stat().st_mode & 0o777 == 0o755  # the source is never touched
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -23,6 +23,7 @@ import pytest
 from tools.image.layer import open_layer_blob
 from tools.image.layout import blob_path, read_index_manifest
 from tools.pins import debian
+from tools.pins.pypi import normalize
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SITE_DIRS = ("usr/local/lib/python3.11/dist-packages", "usr/lib/python3/dist-packages")
@@ -54,7 +55,7 @@ def sbom_packages(doc: dict) -> dict[str, set[tuple[str, str]]]:
         for ref in pkg.get("externalRefs", []):
             m = re.match(r"^pkg:(deb|pypi)/(?:debian/)?([^@]+)@([^?]+)", urllib.parse.unquote(ref.get("referenceLocator", "")))
             if ref.get("referenceType") == "purl" and m:
-                name = m.group(2) if m.group(1) == "deb" else re.sub(r"[-_.]+", "-", m.group(2)).lower()
+                name = m.group(2) if m.group(1) == "deb" else normalize(m.group(2))
                 found[m.group(1)].add((name, m.group(3)))
     return found
 
@@ -81,7 +82,7 @@ def test_sbom_lists_every_package_dpkg_query_and_pip_list_report(tmp_path: Path)
         if (root / site).is_dir():
             pip = subprocess.run([sys.executable, "-m", "pip", "list", "--path", str(root / site), "--format", "json",
                                   "--disable-pip-version-check"], check=True, capture_output=True, text=True)
-            dists += [(re.sub(r"[-_.]+", "-", d["name"]).lower(), d["version"]) for d in json.loads(pip.stdout)]
+            dists += [(normalize(d["name"]), d["version"]) for d in json.loads(pip.stdout)]
     assert len(dists) > 100
     missing = [f"{n} {v}" for n, v in dists if (n, v) not in listed["pypi"]]
     assert not missing, f"pip list reports distributions the SBOM lacks: {missing[:10]}"

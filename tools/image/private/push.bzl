@@ -38,14 +38,11 @@ def _oci_push_impl(ctx):
             cyclonedx = ctx.attr.sbom[OutputGroupInfo].cyclonedx.to_list()[0]
             args += ["--sbom-cyclonedx", _runfile(cyclonedx)]
             files.append(cyclonedx)
-        for target, path in sorted(ctx.attr.provenance_locks.items(), key = lambda kv: kv[1]):
-            f = target.files.to_list()[0]
-            args += ["--provenance-lock", '%s="$(readlink -f "$runfiles/%s")"' % (path, f.short_path)]
-            files.append(f)
-        for target, name in sorted(ctx.attr.gate_manifests.items(), key = lambda kv: kv[1]):
-            f = target.files.to_list()[0]
-            args += ["--gate-manifest", '%s="$(readlink -f "$runfiles/%s")"' % (name, f.short_path)]
-            files.append(f)
+        for flag, named in (("--provenance-lock", ctx.attr.provenance_locks), ("--gate-manifest", ctx.attr.gate_manifests)):
+            for target, name in sorted(named.items(), key = lambda kv: kv[1]):
+                f = target.files.to_list()[0]
+                args += [flag, name + "=" + _runfile(f)]
+                files.append(f)
     return _script(ctx, "push", args, files)
 
 oci_push = rule(

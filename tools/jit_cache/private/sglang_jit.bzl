@@ -1,24 +1,13 @@
 """sglang_jit_cache: SGLang's JIT modules built ahead of time in SGLang's cache layout (see
 //tools/jit_cache:defs.bzl)."""
 
-load("//image:constants.bzl", "SITE_PACKAGES")
 load("//tools/image/private:providers.bzl", "LayerInfo")
-load(":image_inputs.bzl", "image_inputs")
+load(":image_inputs.bzl", "image_tool_args", "run_on_image")
 
 def _sglang_jit_cache_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
-    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
-    base_tar, trees = image_inputs(ctx)
-    tars = [base_tar]
-    args = ctx.actions.args()
-    args.add("build-sglang")
-    args.add("--stack", ctx.attr.stack)
-    args.add("--arch", ctx.attr.arch)
+    args, image_files = image_tool_args(ctx, "build-sglang")
     args.add("--modules", ctx.file.modules)
-    args.add("--base-tar", base_tar)
-    for tree in trees:
-        args.add("--site-tree", tree.path)
-    args.add("--site-packages", SITE_PACKAGES)
     args.add("--cuda-home", ctx.file._cuda_identity.dirname)
     args.add("--userland", ctx.file._userland_identity.dirname)
     extra = []
@@ -30,31 +19,17 @@ def _sglang_jit_cache_impl(ctx):
     # Sandboxed and remote-cacheable: every input is declared (the image's base tar and
     # installed trees, the pinned CUDA root and compiler userland, the module list, the tool's
     # sources), the output is a few MB.
-    ctx.actions.run(
-        executable = py.interpreter_path,
-        arguments = ["-m", "tools.jit_cache.sglang_aot", args],
-        inputs = depset(
-            tars + trees + extra + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
-            transitive = [
-                ctx.attr._tool[DefaultInfo].default_runfiles.files,
-                ctx.attr._cuda[DefaultInfo].files,
-                ctx.attr._userland[DefaultInfo].files,
-            ],
-        ),
-        outputs = [out],
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": ".",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONNOUSERSITE": "1",
-        },
-        mnemonic = "SglangJitCache",
-        progress_message = "Building SGLang JIT modules for %s (stack %s) through SGLang's load_jit" % (ctx.attr.arch, ctx.attr.stack),
+    return run_on_image(
+        ctx,
+        "tools.jit_cache.sglang_aot",
+        args,
+        image_files,
+        extra + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
+        [ctx.attr._cuda[DefaultInfo].files, ctx.attr._userland[DefaultInfo].files],
+        out,
+        "SglangJitCache",
+        "Building SGLang JIT modules for %s (stack %s) through SGLang's load_jit" % (ctx.attr.arch, ctx.attr.stack),
     )
-    return [
-        DefaultInfo(files = depset([out])),
-        OutputGroupInfo(image_inputs = depset(tars + trees)),
-    ]
 
 sglang_jit_cache = rule(
     implementation = _sglang_jit_cache_impl,

@@ -1,50 +1,30 @@
 """triton_cache: Triton kernels of SGLang's serving calls built ahead of time in Triton's cache
 layout (see //tools/jit_cache:defs.bzl)."""
 
-load("//image:constants.bzl", "SITE_PACKAGES", "SOURCE_DATE_EPOCH")
+load("//image:constants.bzl", "SOURCE_DATE_EPOCH")
 load("//tools/image/private:providers.bzl", "LayerInfo")
-load(":image_inputs.bzl", "image_inputs")
+load(":image_inputs.bzl", "image_tool_args", "run_on_image")
 
 def _triton_cache_impl(ctx):
     out = ctx.actions.declare_directory(ctx.label.name)
-    py = ctx.toolchains["@bazel_tools//tools/python:toolchain_type"].py3_runtime
-    base_tar, trees = image_inputs(ctx)
-    tars = [base_tar]
-    args = ctx.actions.args()
-    args.add("build-triton")
-    args.add("--stack", ctx.attr.stack)
-    args.add("--arch", ctx.attr.arch)
+    args, image_files = image_tool_args(ctx, "build-triton")
     args.add("--calls", ctx.file.calls)
-    args.add("--base-tar", base_tar)
-    for tree in trees:
-        args.add("--site-tree", tree.path)
-    args.add("--site-packages", SITE_PACKAGES)
     args.add("--source-date-epoch", str(SOURCE_DATE_EPOCH))
     args.add("--out", out.path)
 
     # Sandboxed and remote-cacheable: the image's base tar and installed trees, the call list and
     # the tool's sources are every input (Triton and its ptxas are the image's own).
-    ctx.actions.run(
-        executable = py.interpreter_path,
-        arguments = ["-m", "tools.jit_cache.triton_aot", args],
-        inputs = depset(
-            tars + trees + [ctx.file.calls],
-            transitive = [ctx.attr._tool[DefaultInfo].default_runfiles.files],
-        ),
-        outputs = [out],
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": ".",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONNOUSERSITE": "1",
-        },
-        mnemonic = "TritonCache",
-        progress_message = "Compiling Triton kernels of SGLang's serving calls for %s (stack %s)" % (ctx.attr.arch, ctx.attr.stack),
+    return run_on_image(
+        ctx,
+        "tools.jit_cache.triton_aot",
+        args,
+        image_files,
+        [ctx.file.calls],
+        [],
+        out,
+        "TritonCache",
+        "Compiling Triton kernels of SGLang's serving calls for %s (stack %s)" % (ctx.attr.arch, ctx.attr.stack),
     )
-    return [
-        DefaultInfo(files = depset([out])),
-        OutputGroupInfo(image_inputs = depset(tars + trees)),
-    ]
 
 triton_cache = rule(
     implementation = _triton_cache_impl,
