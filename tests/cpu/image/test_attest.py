@@ -235,6 +235,19 @@ def test_a_mismatched_key_pair_is_refused_before_anything_is_pushed(tmp_path: Pa
     assert oci_push.tags(repo, oci_push.Credentials(None, None, "none")) == []
 
 
+def test_the_provenance_takes_the_kernel_selection_from_the_image(tmp_path: Path) -> None:
+    tree = tmp_path / "aot"
+    (tree / "flashinfer" / "data" / "aot").mkdir(parents=True)
+    (tree / "flashinfer" / "data" / "aot" / "kernel_cache.json").write_text('{"selection": "kimi-k3", "modules": {}}')
+    blob, desc = tmp_path / "kc.tar.zst", tmp_path / "kc.json"
+    assert oci_layer.main(["--name", "kernel_cache", "--out", str(blob), "--descriptor", str(desc),
+                           "--site-tree", str(tree), "--source-date-epoch", str(EPOCH)]) == 0
+    assert oci_image.main(["--out", str(tmp_path / "with"), "--layer", str(desc), str(blob),
+                           "--source-date-epoch", str(EPOCH)]) == 0
+    assert oci_push.kernel_selection(tmp_path / "with") == "kimi-k3"
+    assert oci_push.kernel_selection(tiny_layout(tmp_path / "without", "A = 1\n")) == ""
+
+
 def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -> None:
     """syft's time, random namespace and scanned path are taken out: two copies, one document."""
     layout = tiny_layout(tmp_path / "a", "A = 1\n")
