@@ -27,6 +27,13 @@ SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
 # entrypoint writes their group files into the writable $TRITON_CACHE_DIR.
 TRITON_DIR = "/usr/share/kimi-k3/triton"
 
+# Where Triton is told libcuda.so.1 lies (the image's ENV). Triton's driver module, which Triton
+# would build with a C compiler the image lacks at the first kernel launch, is keyed on it, so
+# it must be one fixed value: the directory the NVIDIA container toolkit mounts the driver into
+# on Debian images. It is only a link-time -L for Triton; libcuda.so.1 loads through the
+# dynamic loader wherever the runtime put it.
+TRITON_LIBCUDA_PATH = "/usr/lib/x86_64-linux-gnu"
+
 # The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be
 # built for (the kernel-cache layer action refuses any other).
 IMAGE_CUDA_ARCH = "12.0f"

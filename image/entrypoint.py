@@ -424,7 +424,8 @@ def triton_cache_dir(env: Mapping[str, str]) -> str:
 
 def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
     """Write, for every Triton cache entry the image ships (read-only), its group file
-    `<key>/__grp__<kernel>.json` into the writable Triton cache, naming the shipped files, and
+    `<key>/__grp__<kernel>.json` into the writable Triton cache, naming the shipped files, and a
+    link `<key>/<file>` to each of Triton's own C modules the image ships (its driver module), and
     set TRITON_CACHE_DIR to it; returns how many it wrote (tools/jit_cache/triton_aot.py `bind`
     writes the same for a cache elsewhere).
 
@@ -439,18 +440,38 @@ def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
 
     try:
         with open(manifest_path) as f:
-            entries = {str(k): (str(e["kernel"]), [str(n) for n in e["files"]])
-                       for k, e in json.load(f)["entries"].items()}
+            manifest = json.load(f)
+        entries = {str(k): (str(e["kernel"]), [str(n) for n in e["files"]])
+                   for k, e in manifest["entries"].items()}
+        modules = [(str(m["key"]), str(m["file"]), {str(k): str(v) for k, v in m["env"].items()})
+                   for m in manifest.get("modules", [])]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CacheError(f"{manifest_path}: unreadable ({type(e).__name__}: {e}); rebuild the image") from None
-    for key, (kernel, files) in entries.items():
-        for name in [key, kernel, *files]:
+    for key, names in [*((k, [k, kernel, *files]) for k, (kernel, files) in entries.items()),
+                       *((k, [k, f]) for k, f, _ in modules)]:
+        for name in names:
             if not name or "/" in name or name in (".", ".."):
                 raise CacheError(f"{manifest_path}: entry {key!r} names {name!r}, not a file of {shipped}; "
                                  "rebuild the image")
+    # Triton's driver module is keyed on these (TRITON_LIBCUDA_PATH): another value makes Triton
+    # build it at the first kernel launch, with a C compiler the image does not have.
+    for _key, file, keyed in modules:
+        for name, value in keyed.items():
+            if env.get(name, value) != value:
+                raise CacheError(f"{name}={env[name]}: the image's prebuilt Triton driver module ({file}) is "
+                                 f"keyed on {name}={value}, and Triton would rebuild it at the first kernel "
+                                 f"launch with a C compiler the image lacks; unset {name} (only Triton's link "
+                                 "step reads it: libcuda.so.1 loads from wherever the container runtime put it)")
     root = triton_cache_dir(env)
     made: list[str] = []  # files and directories, in the order made
     try:
+        for key, file, _keyed in modules:  # Triton looks its C modules up as <key>/<file>
+            dest = os.path.join(root, key, file)
+            if os.path.lexists(dest):
+                continue
+            _make_dirs(os.path.join(root, key), made)
+            os.symlink(os.path.join(shipped, key, file), dest)
+            made.append(dest)
         for key, (kernel, files) in sorted(entries.items()):
             key_dir = os.path.join(root, key)
             group = os.path.join(key_dir, f"__grp__{kernel}.json")
@@ -469,6 +490,9 @@ def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
                          f"files into it ({e.strerror or e}: {e.filename or root}); point TRITON_CACHE_DIR (or "
                          "SGLANG_CACHE_DIR) at a writable directory") from None
     env["TRITON_CACHE_DIR"] = root
+    for _key, _file, keyed in modules:
+        for name, value in keyed.items():
+            env.setdefault(name, value)
     return sum(not os.path.isdir(p) for p in made)
 
 

@@ -16,6 +16,11 @@ DIR holds:
   sglang_jit/     SGLang's JIT modules for 9.0a keyed for the GPU host (gpu_host.json
                   sglang_jit_runtime; //jit_cache:sglang_jit_9_0a_gpu_host), with the stack's SGLang
                   wheel as the patch gate gives it in wheels/ (`run.sh --sglang-jit`: the proof)
+  triton/         Triton's cache for the GPU host (cache/: //jit_cache:triton_9_0_gpu_host, keyed
+                  for gpu_host.json triton_runtime) and the stack's Triton for the host's Python
+                  (site/: its pinned wheel's files without Triton's ptxas and CUPTI: `run.sh
+                  --triton` installs it at the runtime's site_packages with a ptxas that only
+                  answers --version, then runs the proof)
   repo/           this checkout's tools, tests/gpu and kernel_cache data that the GPU host runs,
                   copied from the target's runfiles (nothing is fetched on the GPU host)
 
@@ -51,7 +56,11 @@ from tools.pins.pypi import normalize, parse_wheel_filename, python_rank
 ROOT = Path(__file__).absolute().parents[2]
 HOST_SPEC = Path(__file__).absolute().parent / "gpu_host.json"
 # What the GPU host runs, relative to the repository root (directories: their .py files).
-REPO_DIRS = ("tools/common", "tools/gpu_suite", "tools/kernel_cache", "tests/gpu")
+REPO_DIRS = ("tools/common", "tools/gpu_suite", "tools/jit_cache", "tools/kernel_cache", "tests/gpu")
+# Of the host Triton's wheel, what the Triton proof leaves out: its compilers' binaries (ptxas
+# gets a stand-in that only answers --version: a miss cannot compile) and the profiler's CUPTI.
+TRITON_LEFT_OUT = ("triton/backends/nvidia/bin/", "triton/backends/nvidia/lib/cupti")
+TRITON_MANIFEST = "kimi-k3-triton.json"  # tools/jit_cache/triton_aot.py MANIFEST
 REPO_FILES = ("tools/__init__.py", "tools/gpu_suite/gpu_host.json", "kernel_cache/modules.json",
               "kernel_cache/selections.json")
 
@@ -164,7 +173,11 @@ def copy_repo(root: Path, out: Path) -> int:
     """The GPU host's part of this checkout (REPO_DIRS' .py files and REPO_FILES) into out."""
     files = [root / f for f in REPO_FILES]
     for d in REPO_DIRS:
-        files += sorted(p for p in (root / d).rglob("*.py") if "__pycache__" not in p.parts)
+        found = sorted(p for p in (root / d).rglob("*.py") if "__pycache__" not in p.parts)
+        if not found:
+            raise UserError(f"{root / d}: no .py files in the bundle's inputs; run the bundle through "
+                            "`tools/bazel run //tools/gpu_suite:bundle`, whose runfiles hold them")
+        files += found
     for src in files:
         if not src.is_file():
             raise UserError(f"{src}: missing from the bundle's inputs; run the bundle through "
@@ -192,10 +205,43 @@ def _fetcher(lock: pins_lock.Lock) -> Callable[[FilePin], Path]:
     return lambda pin: fetch_pin(ctx, pin)
 
 
+def write_triton(out: Path, cache: Path, lock: pins_lock.Lock, fetch: Callable[[FilePin], Path]) -> dict[str, str]:
+    """out/cache (the Triton cache keyed for the GPU host) and out/site (the Triton it was keyed
+    for: the lock's pin whose file its runtime names, without TRITON_LEFT_OUT); returns sources."""
+    import zipfile
+
+    try:
+        runtime = json.loads((cache / TRITON_MANIFEST).read_text())["runtime"]
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--triton {cache}: no readable {TRITON_MANIFEST} ({e}); pass the output of "
+                        "//jit_cache:triton_9_0_gpu_host") from None
+    if not runtime:
+        raise UserError(f"--triton {cache}: keyed for the image, not a GPU host; pass "
+                        "//jit_cache:triton_9_0_gpu_host's output")
+    pins = [p for p in lock.pins.values() if isinstance(p, FilePin) and p.filename == runtime["triton_wheel"]]
+    if len(pins) != 1:
+        raise UserError(f"{lock.path}: no pin of {runtime['triton_wheel']}, the Triton the cache is keyed "
+                        "for; add it (python3 -m tools.pins.pypi add-pypi --python X.Y triton==V)")
+    shutil.copytree(cache, out / "cache")
+    for p in (out / "cache").rglob("*"):
+        p.chmod(0o755 if p.is_dir() or p.suffix == ".so" else 0o644)
+    with zipfile.ZipFile(fetch(pins[0])) as wheel:
+        for info in wheel.infolist():
+            if info.is_dir() or info.filename.startswith(TRITON_LEFT_OUT):
+                continue
+            dest = out / "site" / info.filename
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(wheel.read(info))
+            dest.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+    return {"triton/cache": "//jit_cache:triton_9_0_gpu_host",
+            "triton/site": f"{pins[0].name} without {', '.join(TRITON_LEFT_OUT)}"}
+
+
 def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer_wheel: Path,
                  spec: HostSpec, python: str, root: Path = ROOT,
                  fetch: Callable[[FilePin], Path] | None = None,
-                 sglang_wheel: Path | None = None, sglang_jit: Path | None = None) -> dict[str, Any]:
+                 sglang_wheel: Path | None = None, sglang_jit: Path | None = None,
+                 triton_cache: Path | None = None) -> dict[str, Any]:
     """Write the bundle into out (replaced whole); returns its manifest. `fetch(pin) -> Path`
     gives a pin's verified file (default: tools/fetch, through the artifact cache)."""
     stack = lock.stack(stack_name)
@@ -234,6 +280,8 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
             for p in (tmp / "sglang_jit").rglob("*"):
                 p.chmod(0o755 if p.is_dir() or p.suffix == ".so" else 0o644)
             sources["sglang_jit"] = "//jit_cache:sglang_jit_9_0a_gpu_host"
+        if triton_cache is not None:
+            sources |= write_triton(tmp / "triton", triton_cache, lock, fetch)
         unpack_tvm_ffi(fetch(tvm_pin), tmp / "tvm_ffi")
         sources["tvm_ffi"] = f"headers of {tvm_pin.name}"
         repo_files = copy_repo(root, tmp / "repo")
@@ -248,6 +296,7 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
             "flashinfer_wheel": f"wheels/{fi_wheel.name}",
             "sglang_wheel": f"wheels/{sg_wheel.name}" if sg_wheel else None,
             "sglang_jit_cache": "sglang_jit" if sglang_jit is not None else None,
+            "triton": {"cache": "triton/cache", "site": "triton/site"} if triton_cache is not None else None,
             "wheels": sorted(f"wheels/{p.filename}" for p in pins),
             "from_host": list(spec.from_host),
             "sources": sources,
@@ -276,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the stack's SGLang wheel as the patch gate gives it (under Bazel: set)")
     ap.add_argument("--sglang-jit", type=Path, default=os.environ.get("KIMI_GPU_BUNDLE_SGLANG_JIT"),
                     help="//jit_cache:sglang_jit_9_0a_gpu_host's output (under Bazel: set)")
+    ap.add_argument("--triton", type=Path, default=os.environ.get("KIMI_GPU_BUNDLE_TRITON"),
+                    help="//jit_cache:triton_9_0_gpu_host's output (under Bazel: set)")
     ap.add_argument("--lock", type=Path, default=pins_lock.DEFAULT_LOCK)
     args = ap.parse_args(argv)
     if not args.stack or not args.flashinfer_wheel:
@@ -287,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             flashinfer_wheel=Path(args.flashinfer_wheel), spec=spec,
                             python=args.python or spec.python,
                             sglang_wheel=Path(args.sglang_wheel) if args.sglang_wheel else None,
-                            sglang_jit=Path(args.sglang_jit) if args.sglang_jit else None)
+                            sglang_jit=Path(args.sglang_jit) if args.sglang_jit else None,
+                            triton_cache=Path(args.triton) if args.triton else None)
     print(f"wrote {out}: stack {manifest['stack']}, CPython {manifest['python']}, "
           f"{len(manifest['files'])} files, {human_bytes(manifest['total_size'])}")
     print(f"next: copy {out} to the GPU host and run `sh {out.name}/run.sh` there")

@@ -20,6 +20,12 @@ and runs tests/gpu:
      directory, SGLANG_CRASH_ON_JIT_COMPILE=1) over a read-only copy of the cache, then
      tools/gpu_suite/first_call.py times each module's first call with and without it.
      `--sglang-jit` runs only this step (no kernel-cache build).
+  8. the Triton proof, where the bundle has one (its triton/): the stack's Triton for this Python
+     installed at the site_packages its cache is keyed for (triton/cache's runtime), with a ptxas
+     that only answers --version; tests/gpu/test_triton_gpu.py runs with no compiler reachable
+     over the cache bound read-only into a fresh TRITON_CACHE_DIR, then
+     tools/gpu_suite/triton_first_call.py times each call's first run with and without it.
+     `--triton` runs only this step.
 The exit status is nonzero when any step failed.
 
 Each command is printed before it runs. WORK is DIR/work unless --work says otherwise.
@@ -56,6 +62,15 @@ MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
 SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"  # tools/jit_cache/sglang_aot.py MANIFEST
 SGLANG_JIT_PROOF = REPO / "tests" / "gpu" / "test_sglang_jit_gpu.py"
+TRITON_PROOF = REPO / "tests" / "gpu" / "test_triton_gpu.py"
+TRITON_MANIFEST = "kimi-k3-triton.json"  # tools/jit_cache/triton_aot.py MANIFEST
+# The stand-in for Triton's ptxas in the proof: the version the cache is keyed with, nothing else
+# (shell builtins only: the proof's PATH is an empty directory).
+PTXAS_STAND_IN = """#!/bin/sh
+if [ "$#" = 1 ] && [ "$1" = "--version" ]; then printf '%s' '{version}'; exit 0; fi
+echo "ptxas stand-in of the Triton proof: it compiles nothing (a Triton cache miss)" >&2
+exit 1
+"""
 HOST_SPEC = REPO / "tools" / "gpu_suite" / "gpu_host.json"
 # Of the host's available memory, what the compilers may plan to use (the rest: page cache, the
 # build's own Python, the system).
@@ -155,7 +170,7 @@ def suite_command(*, wheels: Sequence[Path], kernel_cache: Path, junit: Path,
     for w in wheels:
         cmd += ["--wheel", str(w)]
     # The SGLang JIT proof runs apart (step 7): its process has no compiler reachable.
-    tests = sorted(str(t) for t in (REPO / "tests" / "gpu").glob("test_*.py") if t != SGLANG_JIT_PROOF)
+    tests = sorted(str(t) for t in (REPO / "tests" / "gpu").glob("test_*.py") if t not in (SGLANG_JIT_PROOF, TRITON_PROOF))
     cmd += ["--kernel-cache", str(kernel_cache), "--junit", str(junit), "--tests", *tests]
     return cmd + (["-k", keyword] if keyword else [])
 
@@ -201,6 +216,67 @@ def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda
     return rc or bench_rc
 
 
+def install_triton(site_src: Path, site: Path, ptxas_version: str) -> None:
+    """The bundle's Triton tree at `site` (replaced whole), its ptxas binaries the stand-in."""
+    with dir_replaced_atomically(site, str(site)) as tmp:
+        shutil.copytree(site_src, tmp, dirs_exist_ok=True)
+        bin_dir = tmp / "triton" / "backends" / "nvidia" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("ptxas", "ptxas-blackwell"):
+            (bin_dir / name).write_text(PTXAS_STAND_IN.replace("{version}", ptxas_version.replace("'", "'\\''")))
+            (bin_dir / name).chmod(0o755)
+
+
+def triton_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda: Path, dry_run: bool) -> int:
+    """Step 8 (the module docstring): the proof's pytest, then the first-call table."""
+    from tools.jit_cache.triton_aot import bind
+
+    triton = manifest.get("triton")
+    if not triton or not manifest.get("sglang_wheel"):
+        raise UserError(f"{bundle / MANIFEST}: no Triton cache in this bundle; make it with this "
+                        "checkout's `tools/bazel run //tools/gpu_suite:bundle`")
+    shipped_src = bundle / triton["cache"]
+    keyed = json.loads((shipped_src / TRITON_MANIFEST).read_text())
+    runtime = keyed["runtime"]
+    site = Path(runtime["site_packages"])
+    wheels = [bundle / manifest["flashinfer_wheel"], bundle / manifest["sglang_wheel"],
+              *[bundle / w for w in manifest["wheels"]]]
+    sglang_site, shipped, bound = work / "sglang-site", work / "triton-shipped", work / "triton-cache"
+    no_tools = work / "no-compilers"
+    missing = json.loads(HOST_SPEC.read_text())["sglang_jit_runtime"]["cuda_home"]
+    pythonpath = os.pathsep.join([str(site), str(sglang_site), str(REPO)])
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CC", "CXX")}
+    env |= {"PATH": str(no_tools), "CUDA_HOME": missing, "TRITON_PTXAS_PATH": missing + "/bin/ptxas",
+            "TRITON_LIBCUDA_PATH": runtime["libcuda_path"], "TRITON_CACHE_DIR": str(bound),
+            "KIMI_TRITON_CACHE": str(shipped), "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
+    proof = [sys.executable, "-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider",
+             "-o", "junit_family=xunit1", f"--junitxml={work / 'triton.xml'}", str(TRITON_PROOF)]
+    bench = [sys.executable, "-m", "tools.gpu_suite.triton_first_call", "--cache", str(shipped),
+             "--cuda-home", str(cuda), "--scratch", str(work)]
+    shown = f"PATH={no_tools} CUDA_HOME={missing} TRITON_CACHE_DIR={bound} PYTHONPATH={pythonpath} "
+    if dry_run:
+        print(f"+ install {bundle / triton['site']} at {site} (ptxas: a stand-in)\n+ {shown}{shlex.join(proof)}\n"
+              f"+ {shlex.join(bench)}")
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    no_tools.mkdir(exist_ok=True)
+    install_triton(bundle / triton["site"], site, keyed["ptxas_version"])
+    unpack_into(sglang_site, wheels)
+    if shipped.exists():  # an earlier run's copy: writable again so it can be replaced
+        set_tree_writable(shipped, True)
+    with dir_replaced_atomically(shipped, str(shipped)) as tmp:
+        shutil.copytree(shipped_src, tmp, dirs_exist_ok=True)
+    set_tree_writable(shipped, False)
+    shutil.rmtree(bound, ignore_errors=True)
+    bound.mkdir()
+    print(f"Triton {runtime['triton_wheel']} at {site} (ptxas: a stand-in); {bind(shipped, bound)} entries "
+          f"of the read-only {shipped} bound into {bound}", flush=True)
+    rc = _run(proof, env, shown)
+    bench_env = env | {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    bench_env.pop("TRITON_CACHE_DIR")
+    return _run(bench, bench_env) or rc
+
+
 def unpack_into(target: Path, wheels: Sequence[Path]) -> None:
     """target replaced whole by the unpacked wheels (a rerun starts from the bundle again)."""
     with dir_replaced_atomically(target, str(target)) as tmp:
@@ -225,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-k", dest="keyword", help="pytest -k expression for the suite")
     ap.add_argument("--dry-run", action="store_true", help="check and print the commands, run none")
     ap.add_argument("--sglang-jit", action="store_true", help="only the SGLang JIT proof (step 7): no kernel-cache build, no suite")
+    ap.add_argument("--triton", action="store_true", help="only the Triton proof (step 8): no kernel-cache build, no suite")
     args = ap.parse_args(argv)
     bundle = args.bundle.absolute()
     work = (args.work or bundle / "work").absolute()
@@ -234,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{MANIFEST}", flush=True)
     if args.sglang_jit:
         return sglang_jit_proof(bundle, manifest, work, cuda_home(args.cuda_home), args.dry_run)
+    if args.triton:
+        return triton_proof(bundle, manifest, work, cuda_home(args.cuda_home), args.dry_run)
     selections = load_selections(SELECTIONS)
     if args.arch:
         arch = args.arch
@@ -261,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"+ PYTHONPATH={pythonpath} {shlex.join(build)}\n+ {shlex.join(suite)}")
         if manifest.get("sglang_jit_cache"):
             sglang_jit_proof(bundle, manifest, work, cuda, True)
+        if manifest.get("triton"):
+            triton_proof(bundle, manifest, work, cuda, True)
         return 0
     work.mkdir(parents=True, exist_ok=True)
     unpack_into(site, deps)
@@ -275,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rc = _run(suite, os.environ)
     if manifest.get("sglang_jit_cache"):
         rc = sglang_jit_proof(bundle, manifest, work, cuda, False) or rc
+    if manifest.get("triton"):
+        rc = triton_proof(bundle, manifest, work, cuda, False) or rc
     return rc
 
 

@@ -17,7 +17,9 @@ SGLang's own cache layout, by SGLang's own load_jit running under the image's py
 
 The Triton kernels of `calls` (SGLang's own serving calls, tools/jit_cache/triton_worker.py) for
 `arch` (12.0) in Triton's cache layout, compiled through Triton's launch path against a stand-in
-device under the image's python3.11 over the `layers`' trees (tools/jit_cache/triton_aot.py).
+device under the image's python3.11 over the `layers`' trees (tools/jit_cache/triton_aot.py), and
+Triton's own driver module (cuda_utils, which Triton builds with a C compiler at its first
+launch), keyed as the image keys it. Without `calls`: the driver module alone.
 
 INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
 every stack (//tests/cpu/jit_cache:inventory_current).

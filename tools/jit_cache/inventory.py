@@ -27,6 +27,12 @@ SCHEMA_VERSION = 1
 PREBUILT, GAP = "prebuilt", "gap"
 
 
+# Triton's driver module (tools/jit_cache/triton_aot.py build_driver_module): a site of Triton, not
+# of SGLang's tree, reached with any Triton kernel.
+TRITON_DRIVER_FILE = "triton/backends/nvidia/driver.c"
+TRITON_DRIVER_SITE = f"triton:{TRITON_DRIVER_FILE}:cuda_utils"
+
+
 def read_json(path: Path, what: str) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -189,6 +195,12 @@ def _reason(site: Site, shipped: Mapping[str, str], plan_name: str, apis: Mappin
     if site.kind == "triton":
         tune = d.get("autotune")
         cache = "$TRITON_CACHE_DIR (SGLang: $SGLANG_CACHE_DIR/triton)"
+        if d.get("use") == "triton-driver":
+            return PREBUILT, ("Triton's driver module, built ahead of time from the image's Triton with the pinned "
+                              "gcc-12 and Python headers and keyed as the image's Triton keys it (its paths, "
+                              "TRITON_LIBCUDA_PATH) by //jit_cache:triton_12_0; shipped by //image:layer_triton, "
+                              "which the entrypoint links into " + cache + " (the image has no C compiler to "
+                              "build it)"), [{"module": "cuda_utils"}]
         if (site.file, site.name) in triton_aot:
             calls = "; ".join(f"{c['call']} {json.dumps(c['args'], sort_keys=True)}" for c in triton_aot[(site.file, site.name)])
             return PREBUILT, (f"compiled ahead of time for SM120 through Triton's launch path by the calls {calls} "
@@ -310,6 +322,19 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
             "startup_modules": len(startup),
             "specializations": _specializations(profile, settings, reach, facts),
         }
+
+    # Triton's own driver module: Triton builds it with the host's C compiler at the first launch
+    # of any kernel, so every profile that reaches a Triton site reaches it.
+    triton_reached = {sid for sid in reached_by if sites[sid].kind == "triton"}
+    if triton_reached:
+        site = Site(kind="triton", file=TRITON_DRIVER_FILE, name="cuda_utils",
+                    details={"use": "triton-driver", "built": "at the first launch of any Triton kernel, "
+                             "by Triton's CudaUtils with the host's C compiler and Python headers"})
+        site.id = TRITON_DRIVER_SITE
+        sites[site.id] = site
+        reached_by[site.id] = sorted({p for sid in triton_reached for p in reached_by[sid]})
+        if triton_reached & startup_sites:
+            startup_sites.add(site.id)
 
     reached_sites: dict[str, Any] = {}
     counts: dict[str, dict[str, int]] = {k: {"total": 0, "reached": 0, "startup": 0, PREBUILT: 0, GAP: 0}

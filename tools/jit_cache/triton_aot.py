@@ -120,10 +120,75 @@ def kernel_sites(calls: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[
     return sites
 
 
-def _device(arch: str) -> dict[str, Any]:
+def _device(arch: str, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    if runtime is not None:
+        device = runtime["device"]
+        if f"{device['capability'][0]}.{device['capability'][1]}" != arch:
+            raise UserError(f"--arch {arch}: the runtime's device is capability {device['capability']}; "
+                            "build for its arch")
+        return device
     if arch not in DEVICES:
-        raise UserError(f"--arch {arch}: not one of {', '.join(DEVICES)}")
+        raise UserError(f"--arch {arch}: not one of {', '.join(DEVICES)} (another device: --runtime)")
     return DEVICES[arch]
+
+
+RUNTIME_KEY = "triton_runtime"
+RUNTIME_FIELDS = {"why", "python", "ext_suffix", "triton_wheel", "python_include_deb", "site_packages",
+                  "libcuda_path", "device"}
+
+
+def load_runtime(path: Path | None) -> dict[str, Any] | None:
+    """The `triton_runtime` object of PATH (tools/gpu_suite/gpu_host.json; None: the image's own
+    runtime): another host's Triton, the same release as the image's as another CPython's build
+    (triton_wheel: its file name), where it is installed (site_packages), its Python
+    (python, ext_suffix; python_include_deb: the .deb of that Python's headers), the
+    TRITON_LIBCUDA_PATH it runs with, and its device as Triton reads it."""
+    if path is None:
+        return None
+    try:
+        data = loads_unique_keys(path.read_text(), str(path))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
+    runtime = data.get(RUNTIME_KEY) if isinstance(data, dict) else None
+    where = f"--runtime {path}: {RUNTIME_KEY}"
+    if not isinstance(runtime, dict) or set(runtime) != RUNTIME_FIELDS:
+        raise UserError(f"{where}: expected an object of {', '.join(sorted(RUNTIME_FIELDS))}")
+    for name in ("site_packages", "libcuda_path"):
+        if not isinstance(runtime[name], str) or not runtime[name].startswith("/"):
+            raise UserError(f"{where}.{name}: {runtime[name]!r} is not an absolute path")
+    device = runtime["device"]
+    if not (isinstance(device, dict) and set(device) == {"capability", "device_name", "device_properties"}
+            and isinstance(device["capability"], list) and len(device["capability"]) == 2):
+        raise UserError(f"{where}.device: expected capability [major, minor], device_name, device_properties "
+                        "(what Triton's driver.active.utils.get_device_properties(0) returns on the host)")
+    return runtime
+
+
+def unpack_host_triton(wheel: Path, runtime: dict[str, Any], out: Path) -> Path:
+    """What Triton's triton_key() reads of the runtime's Triton (its compiler, backend and language
+    sources and _C/libtriton.so), out of its wheel; returns OUT/triton."""
+    import zipfile
+
+    if wheel.name != runtime["triton_wheel"]:
+        raise UserError(f"--host-triton {wheel}: not the runtime's Triton {runtime['triton_wheel']}")
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.startswith("triton/")
+                 and (n.endswith(".py") or n == "triton/_C/libtriton.so")]
+        z.extractall(out, members=names)
+    return out / "triton"
+
+
+def unpack_python_headers(deb: Path, runtime: dict[str, Any], out: Path) -> Path:
+    """The runtime Python's headers (its libpython3.X-dev .deb, dpkg-deb -x); returns the
+    unpacked root (usr/include/python3.X and the multiarch pyconfig.h below it)."""
+    if deb.name != runtime["python_include_deb"]:
+        raise UserError(f"--host-python-headers {deb}: not the runtime's {runtime['python_include_deb']}")
+    proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], capture_output=True, text=True)
+    header = out / "usr" / "include" / f"python{runtime['python']}" / "Python.h"
+    if proc.returncode != 0 or not header.is_file():
+        raise UserError(f"--host-python-headers {deb}: dpkg-deb -x gave no {header.relative_to(out)} "
+                        f"({proc.stderr.strip()[-200:]}); pass the runtime Python's libpython-dev .deb")
+    return out
 
 
 @contextmanager
@@ -169,13 +234,15 @@ def fix_source_mtimes(site: Path, epoch: int, packages: Sequence[str] = SOURCE_P
 
 
 def run_calls(image: Any, device: dict[str, Any], calls: Sequence[dict[str, Any]], cache_dir: Path,
-              what: str) -> list[dict[str, Any]]:
+              what: str, identity: Path | None = None) -> list[dict[str, Any]]:
     """Each call in a fresh worker process (a server process starts with no autotune results in
-    memory) over one TRITON_CACHE_DIR; returns the worker's rows."""
+    memory) over one TRITON_CACHE_DIR; returns the worker's rows. identity: another build of the
+    same Triton release whose triton_key() the entries are keyed with (triton_worker.py)."""
     rows = []
     for i, entry in enumerate(calls):
         request = dict(device, calls=[{"call": entry["call"], **entry["args"]}],
-                       result=str(image.scratch / f"{what}-{i}.json"))
+                       result=str(image.scratch / f"{what}-{i}.json"),
+                       triton_identity=str(identity) if identity else None)
         path = image.scratch / f"{what}-{i}-request.json"
         path.write_text(json.dumps(request))
         proc = subprocess.run([str(image.python), str(WORKER), str(path)],
@@ -230,6 +297,14 @@ def bind(cache: Path, triton_cache_dir: Path) -> int:
         children = {name: str(root / key / name) for name in entry["files"]}
         write_bytes_atomic(group, json.dumps({"child_paths": children}).encode())
         written += 1
+    # Triton's own C modules: Triton looks a module up as <key>/<file> (no group file).
+    for module in manifest.get("modules", []):
+        link = triton_cache_dir / module["key"] / module["file"]
+        if link.exists():
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(root / module["key"] / module["file"], link)
+        written += 1
     return written
 
 
@@ -251,10 +326,115 @@ def _image(scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packa
 
 
 
+def build_driver_module(image: Any, cache_dir: Path, cuda_home: str, userland: str, libcuda_path: str,
+                        site_packages: str, python_headers: Path | None = None,
+                        ext_suffix: str | None = None) -> dict[str, Any]:
+    """Triton's driver module (`cuda_utils`, from triton/backends/nvidia/driver.c) in cache_dir,
+    keyed as the image's Triton keys it: Triton builds it with the host's C compiler at the first
+    launch of any kernel, and the image has no compiler and no Python headers. Built through
+    Triton's own _compile_so under the image's python (triton_worker.py build_driver_module)
+    with the pinned userland's gcc and Python headers and a link-time libcuda stub; the sources'
+    paths are mapped to the image's, so the bytes do not depend on where the build ran."""
+    from tools.jit_cache.sglang_aot import _tvm_ffi_identity
+    from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, write_cuda_stubs
+
+    tc = load_toolchain(cuda_home, userland, str(_tvm_ffi_identity(image.site, image.scratch / "tvm-ffi")))
+    if tc.userland is None:
+        raise UserError("--userland: not given; Triton's driver module is built with the pinned "
+                        "userland's C compiler (@kimi_cxx_userland)")
+    wrappers, libs = _userland_shims(tc.userland)
+    stubs = write_cuda_stubs(tc, image.scratch / "cuda-stubs")
+    # The stub defines no symbols, so with --as-needed (gcc's default here) the link would drop
+    # libcuda.so.1 from the module's NEEDED, which a link against the real driver keeps.
+    cc = image.scratch / "cc-no-as-needed"
+    cc.write_text(f'#!/bin/sh\nexec "{wrappers / "cc"}" -Wl,--no-as-needed "$@"\n')
+    cc.chmod(0o755)
+    image_triton = site_packages.rstrip("/") + "/triton"
+    maps = [*tc.prefix_maps(), (str(image.site / "triton"), image_triton)]
+    if python_headers is None:  # the image's python3.11: the userland's libpython3.11-dev
+        includes = [f"-I{tc.python_include}"]
+    else:  # another host's Python (its EXT_SUFFIX names the module); its pyconfig.h is multiarch
+        include = next(python_headers.glob("usr/include/python3.*/Python.h")).parent
+        includes = [f"-I{include}", f"-I{python_headers / 'usr' / 'include'}"]
+        maps.append((str(python_headers), ""))
+    maps.sort(key=lambda m: len(m[0]), reverse=True)
+    compile_env = tc.env()
+    request = {"driver_module": {"image_triton": image_triton, "link_dirs": [str(stubs)],
+                                 "ext_suffix": ext_suffix,
+                                 "ccflags": includes + [f"-ffile-prefix-map={a}={b}" for a, b in maps]},
+               "result": str(image.scratch / "driver-module.json")}
+    path = image.scratch / "driver-module-request.json"
+    path.write_text(json.dumps(request))
+    env = dict(image.env, TRITON_CACHE_DIR=str(cache_dir), TRITON_LIBCUDA_PATH=libcuda_path,
+               CC=str(cc), PATH=compile_env["PATH"],
+               LD_LIBRARY_PATH=os.pathsep.join([image.env["LD_LIBRARY_PATH"], str(libs)]))
+    proc = subprocess.run([str(image.python), str(WORKER), str(path)], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0 or not Path(request["result"]).is_file():
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-6000:])
+        raise UserError(f"build-triton: Triton's driver module (cuda_utils) did not build (exit "
+                        f"{proc.returncode}); see its output above")
+    result = json.loads(Path(request["result"]).read_text())
+    if result["compiles"] != ["cuda_utils"]:
+        raise UserError(f"build-triton: Triton built {result['compiles']} for its driver module, "
+                        "expected exactly cuda_utils")
+    so = cache_dir / result["key"] / result["file"]
+    return {"key": result["key"], "module": "cuda_utils", "file": result["file"],
+            "sha256": sha256_file(so), "source": "triton/backends/nvidia/driver.c",
+            "library_dirs": result["library_dirs"], "include_dirs": result["include_dirs"],
+            "env": {"TRITON_LIBCUDA_PATH": libcuda_path}, "compiler": tc.cxx_version}
+
+
+def check_key_as(image: Any, identity: Path) -> None:
+    """The worker's key_as() gives Triton's own triton_key() when pointed at the image's Triton,
+    and for the other build a key that differs from it only in libtriton.so's sha256 (the one
+    file that differs between CPython builds of a release): else Triton changed what it keys on."""
+    request = {"triton_key_check": str(identity), "result": str(image.scratch / "key-check.json")}
+    path = image.scratch / "key-check-request.json"
+    path.write_text(json.dumps(request))
+    proc = subprocess.run([str(image.python), str(WORKER), str(path)], env=image.env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise UserError("build-triton: the Triton key check failed in the worker; see its output above")
+    keys = json.loads(Path(request["result"]).read_text())
+    own, other = keys["own"].split("-"), keys["other"].split("-")
+    differing = [i for i, (a, b) in enumerate(zip(own, other)) if a != b]
+    libtriton = sha256_file(identity / "_C" / "libtriton.so")
+    if (keys["own_via_key_as"] != keys["own"] or len(own) != len(other) or len(differing) != 1
+            or other[differing[0]] != libtriton):
+        raise UserError(f"build-triton: Triton's key over {identity} is not this Triton's with one file's hash "
+                        f"changed ({len(differing)} of {len(own)} parts differ); the runtime's Triton is not "
+                        "the image's release, or Triton keys on more than its files: build on that host's Python")
+    log(f"Triton key for the runtime's build: {len(own)} parts, 1 differs (libtriton.so)")
+
+
+def ptxas_version(image: Any, arch: str) -> str:
+    """`ptxas --version` of the image's Triton as its key holds it (the backend's hash): the
+    GPU proof's stand-in ptxas answers this and compiles nothing."""
+    code = ("import sys; from triton.backends.nvidia.compiler import get_ptxas_version; "
+            f"sys.stdout.write(get_ptxas_version({int(arch.replace('.', ''))}))")
+    proc = subprocess.run([str(image.python), "-c", code], env=image.env, capture_output=True, text=True)
+    if proc.returncode != 0 or "release" not in proc.stdout:
+        raise UserError(f"build-triton: the image's Triton gave no ptxas version ({proc.stderr.strip()[-300:]})")
+    return proc.stdout
+
+
 def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_trees: Sequence[Path],
-                 site_packages: str, out: Path, source_date_epoch: int = 0) -> int:
-    device = _device(arch)
-    calls = load_calls(calls_file, stack)
+                 site_packages: str, out: Path, source_date_epoch: int = 0, cuda_home: str = "",
+                 userland: str = "", libcuda_path: str = "", runtime_file: Path | None = None,
+                 host_triton: Path | None = None, host_python_headers: Path | None = None) -> int:
+    runtime = load_runtime(runtime_file)
+    device = _device(arch, runtime)
+    if runtime is not None:
+        if host_triton is None or host_python_headers is None:
+            raise UserError("--runtime: give --host-triton (its Triton wheel) and --host-python-headers "
+                            "(its Python's libpython-dev .deb) too")
+        libcuda_path = runtime["libcuda_path"]
+    calls = [] if calls_file is None else load_calls(calls_file, stack)
+    if not libcuda_path.startswith("/"):
+        raise UserError(f"--libcuda-path {libcuda_path!r}: give the absolute TRITON_LIBCUDA_PATH the "
+                        "image sets (image/constants.bzl TRITON_LIBCUDA_PATH)")
     t0 = time.monotonic()
     with fixed_root() as scratch:
         image = _image(scratch, base_tar, site_trees, site_packages, arch)
@@ -262,7 +442,19 @@ def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
         cache_dir = scratch / "triton-cache"
         log(f"stack {stack}, arch {arch}: {len(calls)} call(s) through Triton's launch path "
             "(stand-in device, each call in a fresh process)")
-        rows = run_calls(image, device, calls, cache_dir, "build-triton")
+        identity = None
+        if runtime is not None:
+            identity = unpack_host_triton(host_triton, runtime, scratch / "host-triton")
+            check_key_as(image, identity)
+            log(f"keyed for the runtime of {runtime_file}: Triton {host_triton.name} at "
+                f"{runtime['site_packages']}, device {device['device_name']}")
+        rows = run_calls(image, device, calls, cache_dir, "build-triton", identity)
+        module = build_driver_module(
+            image, cache_dir, cuda_home, userland, libcuda_path,
+            runtime["site_packages"] if runtime else site_packages,
+            unpack_python_headers(host_python_headers, runtime, scratch / "host-python") if runtime else None,
+            runtime["ext_suffix"] if runtime else None)
+        log(f"Triton's driver module {module['file']} ({module['key'][:12]}...) built with {module['compiler']}")
         for entry, row in zip(calls, rows):
             ran = sorted(set(row["compiled"]) | set(row["hits"]))
             if ran != entry["kernels"]:
@@ -282,7 +474,10 @@ def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
             "arch": arch,
             "device": device,
             "calls": [dict(c, compiled=len(r["compiled"])) for c, r in zip(calls, rows)],
+            "ptxas_version": ptxas_version(image, arch),
+            "runtime": runtime,
             "entries": entries,
+            "modules": [module],
         }
         with dir_replaced_atomically(out, "--out") as tmp:
             for key, entry in entries.items():
@@ -290,6 +485,9 @@ def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
                 for name in entry["files"]:
                     shutil.copyfile(cache_dir / key / name, tmp / key / name)
                     (tmp / key / name).chmod(0o644)
+            (tmp / module["key"]).mkdir()
+            shutil.copyfile(cache_dir / module["key"] / module["file"], tmp / module["key"] / module["file"])
+            (tmp / module["key"] / module["file"]).chmod(0o755)
             (tmp / MANIFEST).write_bytes(review_json(manifest))
     total = sum(r_len for r_len in (len(r["compiled"]) for r in rows))
     log(f"built {len(entries)} Triton cache entries ({total} compiles) for {arch} in "
@@ -305,6 +503,16 @@ def check_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
 
     manifest = read_manifest(cache)
     check_built_for(manifest, cache, stack, arch)
+    # Triton's driver module: whether the image's Triton finds it is checked in the image itself
+    # (tools/image/smoke.py check_triton_driver: its key holds the image's paths); here, its bytes.
+    for module in manifest.get("modules", []):
+        so = cache / module["key"] / module["file"]
+        if not so.is_file() or sha256_file(so) != module["sha256"]:
+            raise UserError(f"check-triton: {so} is missing or not the sha256 {MANIFEST} records; rebuild "
+                            "the cache (build-triton)")
+    if [m.get("module") for m in manifest.get("modules", [])] != ["cuda_utils"]:
+        raise UserError(f"check-triton: {MANIFEST} lists no cuda_utils module (Triton's driver module); "
+                        "rebuild the cache (build-triton)")
     with tempfile.TemporaryDirectory(prefix="triton-check-") as scratch_dir:
         scratch = Path(scratch_dir)
         image = _image(scratch, base_tar, site_trees, site_packages, arch)
@@ -331,10 +539,11 @@ def check_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, calls: bool = True) -> None:
     p.add_argument("--stack", required=True)
-    p.add_argument("--arch", required=True, help="12.0")
-    p.add_argument("--calls", type=Path, default=Path("jit_cache/triton_calls.json"))
+    p.add_argument("--arch", required=True, help="12.0 (another: --runtime)")
+    if calls:
+        p.add_argument("--calls", type=Path, default=Path("jit_cache/triton_calls.json"))
     p.add_argument("--base-tar", type=Path, required=True, help="the image's Debian rootfs tar")
     p.add_argument("--site-tree", type=Path, action="append", required=True,
                    help="an image layer's installed tree (rooted at /); repeat, bottom layer first")
@@ -346,8 +555,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Triton kernels ahead of time")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-triton", help="compile the calls' Triton kernels into Triton's cache layout")
-    _common(b)
+    _common(b, calls=False)
+    which = b.add_mutually_exclusive_group(required=True)
+    which.add_argument("--calls", type=Path, help="jit_cache/triton_calls.json")
+    which.add_argument("--driver-only", action="store_true", help="only Triton's driver module (cuda_utils)")
     b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--cuda-home", required=True, help="the pinned CUDA root (@kimi_cuda; its libcuda link stub)")
+    b.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
+    b.add_argument("--libcuda-path", required=True,
+                   help="TRITON_LIBCUDA_PATH as the image sets it (image/constants.bzl): it enters the driver module's key")
+    b.add_argument("--runtime", type=Path, help="key for another host's Triton: a JSON file with a "
+                   "triton_runtime object (tools/gpu_suite/gpu_host.json)")
+    b.add_argument("--host-triton", type=Path, help="with --runtime: its Triton wheel")
+    b.add_argument("--host-python-headers", type=Path, help="with --runtime: its Python's libpython-dev .deb")
     b.add_argument("--source-date-epoch", type=int, default=0,
                    help="the mtime given to the sources a kernel's line info names (image/constants.bzl SOURCE_DATE_EPOCH)")
     c = sub.add_parser("check-triton", help="the calls again over the bound cache: 0 compiles")
@@ -359,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.command == "build-triton":
         return build_triton(a.stack, a.arch, a.calls, a.base_tar, a.site_tree, a.site_packages, a.out,
-                            a.source_date_epoch)
+                            a.source_date_epoch, a.cuda_home, a.userland, a.libcuda_path, a.runtime,
+                            a.host_triton, a.host_python_headers)
     if a.command == "check-triton":
         return check_triton(a.stack, a.arch, a.calls, a.base_tar, a.site_tree, a.site_packages, a.cache)
     print(f"bound {bind(a.cache, a.triton_cache_dir)} entries of {a.cache} into {a.triton_cache_dir}")

@@ -195,7 +195,7 @@ def test_run_sh_names_every_input_of_the_build_and_the_suite(tmp_path: Path) -> 
     for rel in [manifest["flashinfer_wheel"], *manifest["wheels"]]:
         assert f"--wheel {out / rel}" in suite, rel
     # Every GPU test file but the SGLang JIT proof, which runs apart with no compiler reachable.
-    tests = sorted(p for p in (out / "repo/tests/gpu").glob("test_*.py") if p.name != "test_sglang_jit_gpu.py")
+    tests = sorted(p for p in (out / "repo/tests/gpu").glob("test_*.py") if p.name not in ("test_sglang_jit_gpu.py", "test_triton_gpu.py"))
     assert len(tests) == 3 and suite.endswith("--tests " + " ".join(map(str, tests))), suite
 
 
@@ -226,6 +226,58 @@ def test_the_sglang_jit_proof_runs_with_no_compiler_reachable(tmp_path: Path) ->
     # The full run prints it after the build and the suite.
     proc = _run_sh(out, "--dry-run", "--arch", "9.0a", "--cuda-home", str(cuda))
     assert proc.returncode == 0 and proc.stdout.count("+ ") == 4, proc.stdout + proc.stderr
+
+
+def test_the_triton_proof_installs_triton_without_ptxas_and_runs_with_no_compiler_reachable(tmp_path: Path) -> None:
+    """`run.sh --triton`: the bundle's triton/ holds the cache keyed for the host and the keyed
+    Triton's files without its compilers' binaries and CUPTI; the proof's pytest process has an
+    empty directory for PATH, CUDA_HOME and TRITON_PTXAS_PATH at the missing directory, the
+    bound cache as TRITON_CACHE_DIR and the keyed Triton first on PYTHONPATH; a stand-in ptxas
+    prints the keyed version and compiles nothing."""
+    from tools.jit_cache.triton_aot import MANIFEST
+    assert host.TRITON_MANIFEST == bundle.TRITON_MANIFEST == MANIFEST
+    runtime = json.loads(bundle.HOST_SPEC.read_text())["triton_runtime"]
+    cache = tmp_path / "triton-cache"
+    (cache / "KEY").mkdir(parents=True)
+    (cache / "KEY" / "k.cubin").write_bytes(b"cubin")
+    (cache / MANIFEST).write_text(json.dumps({"runtime": runtime, "ptxas_version": "ptxas release 12.9\n",
+                                              "calls": [], "modules": [],
+                                              "entries": {"KEY": {"kernel": "k", "files": {"k.cubin": "0"}}}}))
+    fetch = _stand_in_fetch(tmp_path / "pins")
+    wheel = lambda pin: _wheel(tmp_path / "pins" / pin.filename, {  # noqa: E731
+        "triton/__init__.py": "", "triton/_C/libtriton.so": "so", "triton/backends/nvidia/bin/ptxas": "real",
+        "triton/backends/nvidia/lib/cupti/libcupti.so": "cupti", "triton/backends/nvidia/lib/libdevice.10.bc": "bc"},
+        "3.8.0") if pin.filename == runtime["triton_wheel"] else fetch(pin)
+    sg, sj = _sglang_jit(tmp_path)
+    fi = _wheel(tmp_path / "flashinfer_python-0+stand.in-py3-none-any.whl", {"flashinfer/__init__.py": ""})
+    out = tmp_path / "bundle"
+    manifest = bundle.write_bundle(out, lock=_lock(), stack_name="pypi", flashinfer_wheel=fi,
+                                   spec=bundle.load_host_spec(bundle.HOST_SPEC), python=PYTHON, fetch=wheel,
+                                   sglang_wheel=sg, sglang_jit=sj, triton_cache=cache)
+    assert manifest["triton"] == {"cache": "triton/cache", "site": "triton/site"}
+    site = {f for f in manifest["files"] if f.startswith("triton/site/")}
+    assert site == {"triton/site/triton/__init__.py", "triton/site/triton/_C/libtriton.so",
+                    "triton/site/triton/backends/nvidia/lib/libdevice.10.bc",
+                    "triton/site/triton-3.8.0.dist-info/METADATA"}, site
+    assert f"triton/cache/{MANIFEST}" in manifest["files"] and "triton/cache/KEY/k.cubin" in manifest["files"]
+    assert "repo/tools/jit_cache/triton_aot.py" in manifest["files"]
+    proc = _run_sh(out, "--triton", "--dry-run", "--cuda-home", str(_nvcc(tmp_path, manifest["nvcc_release"])))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    install, proof, bench = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    work = out / "work"
+    assert install == f"+ install {out / 'triton/site'} at {runtime['site_packages']} (ptxas: a stand-in)"
+    missing = json.loads(bundle.HOST_SPEC.read_text())["sglang_jit_runtime"]["cuda_home"]
+    assert proof.startswith(f"+ PATH={work / 'no-compilers'} CUDA_HOME={missing} TRITON_CACHE_DIR="
+                            f"{work / 'triton-cache'} PYTHONPATH={runtime['site_packages']}:"), proof
+    assert proof.endswith(str(out / "repo/tests/gpu/test_triton_gpu.py")), proof
+    assert f" -m tools.gpu_suite.triton_first_call --cache {work / 'triton-shipped'}" in bench, bench
+    # The stand-in ptxas: the keyed version for --version, a refusal for anything else.
+    installed = tmp_path / "site"
+    host.install_triton(out / "triton/site", installed, "ptxas release 12.9\n")
+    ptxas = installed / "triton/backends/nvidia/bin/ptxas"
+    assert subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout == "ptxas release 12.9\n"
+    refused = subprocess.run([str(ptxas), "-arch=sm_90", "k.ptx"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "compiles nothing" in refused.stderr
 
 
 def test_the_sglang_jit_proof_needs_a_bundle_that_has_one(tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def _run_suite(tmp: Path, args: list[str], torch_init: str,
 def test_gpu_suite_fails_when_torch_does_not_import(tmp_path: Path) -> None:
     gpu = _suite_copy(tmp_path)
     files = sorted(str(f) for f in gpu.glob("test_*.py"))
-    assert len(files) == 4
+    assert len(files) == 5
     rc, outcomes, out = _run_suite(tmp_path, files, BROKEN_TORCH)
     assert rc != 0, out
     assert outcomes and all(o == "failed" for o, _ in outcomes.values()), outcomes

@@ -719,8 +719,16 @@ def shipped_triton_dir(tmp_path: Path) -> Path:
             (shipped / key / name).write_bytes(name.encode())
             files[name] = hashlib.sha256(name.encode()).hexdigest()
         entries[key] = {"kernel": kernel, "files": files}
-    (shipped / "kimi-k3-triton.json").write_text(json.dumps({"schema_version": 1, "entries": entries}))
+    (shipped / "CCCC").mkdir()
+    (shipped / "CCCC" / DRIVER_FILE).write_bytes(b"\x7fELF stand-in")
+    modules = [{"key": "CCCC", "module": "cuda_utils", "file": DRIVER_FILE,
+                "env": {"TRITON_LIBCUDA_PATH": "/usr/lib/x86_64-linux-gnu"}}]
+    (shipped / "kimi-k3-triton.json").write_text(json.dumps({"schema_version": 1, "entries": entries,
+                                                             "modules": modules}))
     return shipped
+
+
+DRIVER_FILE = "cuda_utils.cpython-311-x86_64-linux-gnu.so"
 
 
 def test_the_entrypoint_binds_the_shipped_triton_kernels_into_a_writable_cache(tmp_path: Path) -> None:
@@ -735,7 +743,12 @@ def test_the_entrypoint_binds_the_shipped_triton_kernels_into_a_writable_cache(t
         for key, kernel in (("AAAA", "k1"), ("BBBB", "k2")):
             group = json.loads((expected / key / f"__grp__{kernel}.json").read_text())
             assert group == {"child_paths": {n: str(shipped / key / n) for n in (f"{kernel}.cubin", f"{kernel}.json")}}
-        assert sorted(p.name for p in expected.rglob("*") if p.is_file()) == ["__grp__k1.json", "__grp__k2.json"]
+        assert sorted(p.name for p in expected.rglob("*") if p.is_file()) == [
+            "__grp__k1.json", "__grp__k2.json", DRIVER_FILE]
+        # Triton's driver module: a link to the shipped file where Triton looks it up, and the
+        # TRITON_LIBCUDA_PATH it is keyed on.
+        assert os.readlink(expected / "CCCC" / DRIVER_FILE) == str(shipped / "CCCC" / DRIVER_FILE)
+        assert exec_env(proc)["TRITON_LIBCUDA_PATH"] == "/usr/lib/x86_64-linux-gnu"
     # What the directory has already is kept (Triton's own entry for the same key, a second start).
     own = tmp_path / "t" / "AAAA" / "__grp__k1.json"
     own.write_text("Triton's own")
@@ -761,6 +774,26 @@ def test_the_entrypoint_refuses_a_triton_cache_it_cannot_write_and_leaves_nothin
     bad = run_entrypoint(tmp_path, ["--model-path", "/m"], {"TRITON_CACHE_DIR": str(tmp_path / "t2")}, triton_dir=shipped)
     assert bad.returncode == 2 and "entry '../x' names '../x', not a file of" in bad.stderr
     assert not (tmp_path / "t2").exists()
+
+
+def test_the_entrypoint_refuses_another_libcuda_path_than_the_triton_driver_module_is_keyed_on(tmp_path: Path) -> None:
+    """Another TRITON_LIBCUDA_PATH would make Triton rebuild its driver module at the first
+    kernel launch, with a compiler the image lacks: one line before anything is written."""
+    shipped = shipped_triton_dir(tmp_path)
+    root = tmp_path / "t"
+    proc = run_entrypoint(tmp_path, ["--profile", "kimi-k3-tp32ep32"],
+                          {**SITE, "TRITON_CACHE_DIR": str(root), "TRITON_LIBCUDA_PATH": "/usr/local/nvidia/lib64"},
+                          triton_dir=shipped)
+    assert proc.returncode == 2 and "exec:" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64: the image's prebuilt Triton driver "
+                           f"module ({DRIVER_FILE}) is keyed on TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu")
+    assert line.endswith("loads from wherever the container runtime put it)") and "unset TRITON_LIBCUDA_PATH" in line
+    assert not root.exists()
+    same = run_entrypoint(tmp_path, ["--model-path", "/m"],
+                          {"TRITON_CACHE_DIR": str(root), "TRITON_LIBCUDA_PATH": "/usr/lib/x86_64-linux-gnu"},
+                          triton_dir=shipped)
+    assert same.returncode == 0, same.stderr
 
 
 def inventory_with(sites: dict[str, dict]) -> dict:

@@ -219,6 +219,47 @@ def test_mxfp4_backend_on_an_image_without_the_situ_patch(image: tuple[Path, lis
         assert "sglang_patches 0001" in v.line
 
 
+@pytest.fixture
+def image_triton_driver(image: tuple[Path, list[str]]) -> Iterator[Path]:
+    """The image's Triton directory holding //jit_cache:triton_driver_12_0 (Triton's driver module
+    as the Triton layer ships it; the image checked here is built without that layer), removed
+    afterwards."""
+    shipped = smoke.inside(image[0], smoke.TRITON_IMAGE_PATH)
+    assert not shipped.exists(), "the image under test already has a Triton directory"
+    shutil.copytree(single("KIMI_PROFILES_TRITON_DRIVER"), shipped)
+    try:
+        yield shipped
+    finally:
+        shutil.rmtree(shipped)
+
+
+def test_the_first_triton_launch_finds_the_shipped_driver_module(image: tuple[Path, list[str]],
+                                                                 image_triton_driver: Path) -> None:
+    """In the image's chroot its entrypoint binds the Triton cache and Triton's own CudaUtils()
+    loads the shipped driver module: no build, which would need the C compiler the image lacks.
+    Another TRITON_LIBCUDA_PATH is refused by the entrypoint in one line, and an entry under
+    another key (what a changed driver.c, Triton or path would give) is a build, named."""
+    rootfs, env = image
+    assert any(e == "TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu" for e in env), env
+    ok, line = smoke.check_triton_driver(rootfs, env)
+    print(line)
+    assert ok, line
+    assert line.endswith("(TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu), 0 compiles"), line
+
+    ok, line = smoke.check_triton_driver(rootfs, [*env, "TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64"])
+    assert not ok and "CacheError: TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64: the image's prebuilt Triton " \
+        "driver module" in line, line
+
+    manifest_path = image_triton_driver / "kimi-k3-triton.json"
+    manifest = json.loads(manifest_path.read_text())
+    [module] = manifest["modules"]
+    other = "0" * len(module["key"])
+    (image_triton_driver / module["key"]).rename(image_triton_driver / other)
+    manifest_path.write_text(json.dumps({**manifest, "modules": [{**module, "key": other}]}))
+    ok, line = smoke.check_triton_driver(rootfs, env)
+    assert not ok and line.startswith("Triton's driver module: Triton built cuda_utils;"), line
+
+
 if __name__ == "__main__":
     # -rP: the check's report (what ran, what was skipped and why) is in test.log when it passes.
     sys.exit(pytest.main([__file__, "-v", "-rP"]))

@@ -47,8 +47,15 @@ def test_the_shipped_tree_is_the_manifest() -> None:
     [cache] = _paths("KIMI_TRITON_120")
     manifest = triton_aot.read_manifest(cache)
     files = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
-    expected = sorted([triton_aot.MANIFEST] + [f"{k}/{n}" for k, e in manifest["entries"].items() for n in e["files"]])
+    expected = sorted([triton_aot.MANIFEST] + [f"{k}/{n}" for k, e in manifest["entries"].items() for n in e["files"]]
+                      + [f"{m['key']}/{m['file']}" for m in manifest["modules"]])
     assert files == expected
+    # Triton's driver module, for the image's python3.11, keyed on the image's paths.
+    [module] = manifest["modules"]
+    assert module["module"] == "cuda_utils" and module["file"] == "cuda_utils.cpython-311-x86_64-linux-gnu.so"
+    site = os.environ["KIMI_IMAGE_SITE_PACKAGES"]
+    assert module["library_dirs"] == [f"{site}/triton/backends/nvidia/lib", "/usr/lib/x86_64-linux-gnu"]
+    assert module["include_dirs"] == [f"{site}/triton/backends/nvidia/include"]
     kernels = {e["kernel"] for e in manifest["entries"].values()}
     assert {"chunk_gla_fwd_kernel_o", "_causal_conv1d_fwd_kernel", "l2norm_fwd_kernel"} <= kernels, kernels
     assert not any(n.endswith(".autotune.json") for e in manifest["entries"].values() for n in e["files"])

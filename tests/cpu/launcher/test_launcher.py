@@ -933,7 +933,7 @@ def pids_alive(pids: list[int]) -> list[int]:
     for pid in pids:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone, or reaped between open and read
             continue
         if stat.rsplit(")", 1)[1].split()[0] != "Z":
             alive.append(pid)
