@@ -83,11 +83,14 @@ def compiling_env(cuda_home: Path, ninja: Path, scratch: Path) -> dict[str, str]
                   "CUDA_HOME": str(cuda_home), "SGLANG_JIT_CACHE_DIR": str(empty)}
 
 
-def run_case(case_name: str, env: dict[str, str]) -> dict[str, Any]:
-    code = ("import json, sys; from tools.gpu_suite.first_call import measure; "
-            "print('RESULT ' + json.dumps(measure(sys.argv[1])))")
+def run_fresh(function: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
+    """`module:function`(arg) in a fresh process with env: its JSON result, with wall_s; or
+    {"error": the output's last lines}."""
+    module, _, name = function.partition(":")
+    code = (f"import json, sys; from {module} import {name}; "
+            f"print('RESULT ' + json.dumps({name}(sys.argv[1])))")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, case_name], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", code, arg], env=env, cwd=ROOT,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t0
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -95,6 +98,32 @@ def run_case(case_name: str, env: dict[str, str]) -> dict[str, Any]:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         return {"error": " | ".join(tail)[:300], "wall_s": wall}
     return json.loads(line[len("RESULT "):]) | {"wall_s": wall}
+
+
+def run_case(case_name: str, env: dict[str, str]) -> dict[str, Any]:
+    return run_fresh("tools.gpu_suite.first_call:measure", case_name, env)
+
+
+def print_table(what: str, rows: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
+                width: int = 40, hits: bool = False) -> int:
+    """The first-call table (one row per (name, shipped, no cache)); returns how many shipped
+    runs failed or compiled."""
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        return "error" if "error" in r else format(r[key], fmt)
+
+    print(f"{what:<{width}} {'shipped: first':>15} {'second':>9} {'compiles':>8}" + (f" {'hits':>5}" if hits else "")
+          + f"   {'no cache: first':>15} {'second':>9} {'compiles':>8}")
+    failed = 0
+    for name, s, c in rows:
+        print(f"{name:<{width}} {cell(s, 'first_s', '.3f') + ' s':>15} {cell(s, 'second_s', '.4f') + ' s':>9} "
+              f"{cell(s, 'compiles', 'd'):>8}" + (f" {cell(s, 'hits', 'd'):>5}" if hits else "")
+              + f"   {cell(c, 'first_s', '.2f') + ' s':>15} {cell(c, 'second_s', '.4f') + ' s':>9} "
+              f"{cell(c, 'compiles', 'd'):>8}")
+        for mode, r in (("shipped", s), ("no cache", c)):
+            if "error" in r:
+                print(f"  {mode}: {r['error']}")
+        failed += "error" in s or s.get("compiles", 1) != 0
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,21 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         compiled = run_case(case.name, compiling_env(args.cuda_home, ninja, scratch))
         rows.append((case.name, shipped, compiled))
 
-    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
-        return "error" if "error" in r else format(r[key], fmt)
-
-    print(f"{'module call':<40} {'shipped: first':>15} {'second':>9} {'compiles':>8}   "
-          f"{'no cache: first':>15} {'second':>9} {'compiles':>8}")
-    failed = 0
-    for name, s, c in rows:
-        print(f"{name:<40} {cell(s, 'first_s', '.3f') + ' s':>15} {cell(s, 'second_s', '.4f') + ' s':>9} "
-              f"{cell(s, 'compiles', 'd'):>8}   {cell(c, 'first_s', '.2f') + ' s':>15} "
-              f"{cell(c, 'second_s', '.4f') + ' s':>9} {cell(c, 'compiles', 'd'):>8}")
-        for mode, r in (("shipped", s), ("no cache", c)):
-            if "error" in r:
-                print(f"  {mode}: {r['error']}")
-        failed += "error" in s or s.get("compiles", 1) != 0
-    return 1 if failed else 0
+    return 1 if print_table("module call", rows) else 0
 
 
 if __name__ == "__main__":

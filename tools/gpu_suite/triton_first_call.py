@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.gpu_suite.first_call import print_table, run_fresh
 
 ROOT = Path(__file__).absolute().parents[2]
 MANIFEST = "kimi-k3-triton.json"  # tools/jit_cache/triton_aot.py MANIFEST
@@ -51,15 +51,7 @@ def measure(args_json: str) -> dict[str, Any]:
 
 
 def run_call(args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    code = ("import json, sys; from tools.gpu_suite.triton_first_call import measure; "
-            "print('RESULT ' + json.dumps(measure(sys.argv[1])))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail)[:300]}
-    return json.loads(line[len("RESULT "):])
+    return run_fresh("tools.gpu_suite.triton_first_call:measure", json.dumps(args), env)
 
 
 def compiling_env(cuda_home: Path, scratch: Path) -> dict[str, str]:
@@ -92,22 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [(c, run_call(c["args"], shipped_env()), run_call(c["args"], compiling_env(args.cuda_home, scratch)))
             for c in calls]
 
-    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
-        return "error" if "error" in r else format(r[key], fmt)
-
-    print(f"{'call':<44} {'shipped: first':>15} {'second':>9} {'compiles':>8} {'hits':>5}   "
-          f"{'no cache: first':>15} {'second':>9} {'compiles':>8}")
-    failed = 0
-    for c, s, n in rows:
-        name = f"{c['call']} {json.dumps(c['args'], sort_keys=True)}"
-        print(f"{name:<44} {cell(s, 'first_s', '.3f') + ' s':>15} {cell(s, 'second_s', '.4f') + ' s':>9} "
-              f"{cell(s, 'compiles', 'd'):>8} {cell(s, 'hits', 'd'):>5}   {cell(n, 'first_s', '.2f') + ' s':>15} "
-              f"{cell(n, 'second_s', '.4f') + ' s':>9} {cell(n, 'compiles', 'd'):>8}")
-        for mode, r in (("shipped", s), ("no cache", n)):
-            if "error" in r:
-                print(f"  {mode}: {r['error']}")
-        failed += "error" in s or s.get("compiles", 1) != 0
-    return 1 if failed else 0
+    named = [(f"{c['call']} {json.dumps(c['args'], sort_keys=True)}", shipped, compiled)
+             for c, shipped, compiled in rows]
+    return 1 if print_table("call", named, width=44, hits=True) else 0
 
 
 if __name__ == "__main__":

@@ -97,18 +97,23 @@ def load_modules(path: Path, stack: str) -> list[dict[str, Any]]:
     return entries
 
 
+def runtime_object(path: Path, key: str) -> tuple[Any, str]:
+    """(PATH's `key` object or None, where it is for messages): another host's runtime file
+    (tools/gpu_suite/gpu_host.json), read for the first-use builds' --runtime."""
+    try:
+        data = loads_unique_keys(path.read_text(), str(path))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
+    return (data.get(key) if isinstance(data, dict) else None), f"--runtime {path}: {key}"
+
+
 def load_runtime(path: Path | None) -> dict[str, Any] | None:
     """The `sglang_jit_runtime` object of PATH (None: the image's own runtime), checked:
     {"cuda_home": an absolute path the runtime does not have, "distributions": {name: version or
     null}} with names from RUNTIME_DISTRIBUTIONS."""
     if path is None:
         return None
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
-    runtime = data.get(RUNTIME_KEY) if isinstance(data, dict) else None
-    where = f"--runtime {path}: {RUNTIME_KEY}"
+    runtime, where = runtime_object(path, RUNTIME_KEY)
     if not isinstance(runtime, dict) or set(runtime) - {"cuda_home", "distributions", "why"}:
         raise UserError(f"{where}: expected an object of cuda_home, distributions (and why); see "
                         "tools/jit_cache/sglang_aot.py")

@@ -143,14 +143,11 @@ def load_runtime(path: Path | None) -> dict[str, Any] | None:
     (triton_wheel: its file name), where it is installed (site_packages), its Python
     (python, ext_suffix; python_include_deb: the .deb of that Python's headers), the
     TRITON_LIBCUDA_PATH it runs with, and its device as Triton reads it."""
+    from tools.jit_cache.sglang_aot import runtime_object
+
     if path is None:
         return None
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
-    runtime = data.get(RUNTIME_KEY) if isinstance(data, dict) else None
-    where = f"--runtime {path}: {RUNTIME_KEY}"
+    runtime, where = runtime_object(path, RUNTIME_KEY)
     if not isinstance(runtime, dict) or set(runtime) != RUNTIME_FIELDS:
         raise UserError(f"{where}: expected an object of {', '.join(sorted(RUNTIME_FIELDS))}")
     for name in ("site_packages", "libcuda_path"):

@@ -107,3 +107,30 @@ def test_the_checked_in_call_list_loads_for_every_stack() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+GPU_HOST = Path(__file__).resolve().parents[3] / "tools" / "gpu_suite" / "gpu_host.json"
+
+
+def test_the_gpu_hosts_triton_runtime_loads_and_names_its_device() -> None:
+    runtime = triton_aot.load_runtime(GPU_HOST)
+    assert runtime["site_packages"].startswith("/") and runtime["triton_wheel"].startswith("triton-3.8.0-cp312-")
+    assert triton_aot._device("9.0", runtime) == runtime["device"]
+    with pytest.raises(UserError, match=r"^--arch 12\.0: the runtime's device is capability \[9, 0\]; build for its arch$"):
+        triton_aot._device("12.0", runtime)
+    with pytest.raises(UserError, match=r"^--arch 9\.0: not one of 12\.0 \(another device: --runtime\)$"):
+        triton_aot._device("9.0")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("ext_suffix"), r": triton_runtime: expected an object of device, ext_suffix, libcuda_path, "),
+    (lambda r: r.update(site_packages="opt/site"), r": triton_runtime\.site_packages: 'opt/site' is not an absolute path$"),
+    (lambda r: r["device"].pop("device_properties"), r": triton_runtime\.device: expected capability \[major, minor\]"),
+])
+def test_runtime_file_mistakes_are_one_line(tmp_path: Path, change, message: str) -> None:
+    data = json.loads(GPU_HOST.read_text())
+    change(data["triton_runtime"])
+    bad = tmp_path / "host.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=rf"^--runtime {bad}{message}"):
+        triton_aot.load_runtime(bad)
