@@ -11,7 +11,8 @@ Go modules inside shared objects. What this module adds, because syft cannot kno
 - each Debian package's .deb sha256 and pool URL from the lock the base was built from;
 - each Python distribution's wheel sha256 and URL where the stack pins that version;
 - the patch gate's state of every patch of the patched wheels (PATCH_APPLIED relationships);
-- every compiled module of the kernel_cache, sglang_jit and triton layers with its sha256.
+- every compiled module of the kernel_cache, sglang_jit and triton layers (Triton: its cubins and
+  its driver module) with its sha256.
 And what it takes away, because it makes two builds differ: syft writes the scan's time, a random
 document namespace and the scanned path; here `created` is SOURCE_DATE_EPOCH, the namespace is
 derived from the content and the path is the image's name. So the same image gives the same bytes.
@@ -49,7 +50,7 @@ from tools.pins.pypi import normalize as project_name
 CREATOR = "Tool: kimi-k3-build tools/image/image_sbom.py"
 NOASSERTION = "NOASSERTION"
 # The layers of compiled modules and the files in them that are modules.
-COMPILED_LAYERS = {"kernel_cache": (".so",), "sglang_jit": (".so",), "triton": (".cubin",)}
+COMPILED_LAYERS = {"kernel_cache": (".so",), "sglang_jit": (".so",), "triton": (".cubin", ".so")}
 _PURL = re.compile(r"^pkg:(?P<type>deb|pypi)/(?:debian/)?(?P<name>[^@]+)@(?P<version>[^?]+)(?:\?(?P<query>.*))?$")
 
 

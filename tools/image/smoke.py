@@ -26,7 +26,8 @@ Usage:
 
 --profile kimi-k3 = imports flashinfer, sglang, mooncake.engine; FLASHINFER_DISABLE_JIT=1; requires
 flashinfer/data/aot in site-packages; forbids flashinfer_jit_cache; checks every shipped launch
-profile. Needs root (chroot).
+profile and Triton's first launch (check_triton_driver: its driver module from the image's
+Triton cache, no build). Needs root (chroot).
 
 --driver-stub: on hosts without the NVIDIA driver (build machines), mooncake.engine cannot load
 libcuda.so.1, which the container runtime injects on GPU hosts. This builds a stand-in
@@ -66,6 +67,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
                     f"{profiles.SGLANG_JIT_IMAGE_PATH}/{profiles.SGLANG_JIT_MANIFEST}"],
         "forbid": [f"/{SITE_PACKAGES}/flashinfer_jit_cache"],
         "launch_profiles": ["*"],
+        "triton_driver": True,
     },
 }
 
@@ -475,7 +477,8 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
           forbid: Sequence[str], extra_env: Sequence[str], keep: bool = False,
           driver_stub: bool = False, launch_profiles: Sequence[str] = (),
           launch_profiles_dir: Path | None = None, kernel_cache_plan: Path | None = None,
-          inventory: Path | None = None, triton_calls: Path | None = None) -> SmokeReport:
+          inventory: Path | None = None, triton_calls: Path | None = None,
+          triton_driver: bool = False) -> SmokeReport:
     report = SmokeReport()
     bundle = Path(tempfile.mkdtemp(prefix="smoke.", dir=workdir)) / "bundle"
     try:
@@ -507,6 +510,8 @@ def smoke(layout: Path, workdir: Path, imports: Sequence[str], manifests: Sequen
                                                  triton_calls=triton_calls):
                 report.check(verdict.ok, verdict.line)
                 report.notes += [f"{verdict.profile}: {d}" for d in verdict.details]
+        if triton_driver:
+            report.check(*check_triton_driver(rootfs, [*image_env(layout), *extra_env]))
     finally:
         if keep:
             print(f"rootfs kept at {bundle / 'rootfs'}", file=sys.stderr)
@@ -548,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    [*prof.get("require", []), *args.require], [*prof.get("forbid", []), *args.forbid],
                    [*prof.get("env", []), *args.env], args.keep_rootfs, args.driver_stub,
                    [*prof.get("launch_profiles", []), *args.launch_profile], args.launch_profiles_dir,
-                   args.kernel_cache_plan, args.inventory, args.triton_calls)
+                   args.kernel_cache_plan, args.inventory, args.triton_calls, prof.get("triton_driver", False))
     for line in report.passes:
         print(f"ok   {line}")
     for line in report.notes:

@@ -7,6 +7,7 @@ inside the layers, and the real image's SBOM has its own test (test_image_sbom.p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -246,6 +247,26 @@ def test_the_provenance_takes_the_kernel_selection_from_the_image(tmp_path: Path
                            "--source-date-epoch", str(EPOCH)]) == 0
     assert oci_push.kernel_selection(tmp_path / "with") == "kimi-k3"
     assert oci_push.kernel_selection(tiny_layout(tmp_path / "without", "A = 1\n")) == ""
+
+
+def test_image_sbom_lists_the_triton_layers_kernels_and_driver_module(tmp_path: Path) -> None:
+    """Every compiled file of the triton layer: its cubins and Triton's driver module (.so); not
+    the .json metadata beside them."""
+    tree = tmp_path / "triton"
+    (tree / "usr/share/kimi-k3/triton/KEY").mkdir(parents=True)
+    (tree / "usr/share/kimi-k3/triton/DRIVER").mkdir()
+    files = {"KEY/k.cubin": b"cubin", "KEY/k.json": b"{}", "DRIVER/cuda_utils.cpython-311-x86_64-linux-gnu.so": b"elf"}
+    for rel, data in files.items():
+        (tree / "usr/share/kimi-k3/triton" / rel).write_bytes(data)
+    blob, desc = tmp_path / "t.tar.zst", tmp_path / "t.json"
+    assert oci_layer.main(["--name", "triton", "--out", str(blob), "--descriptor", str(desc),
+                           "--tree", f"/usr/share/kimi-k3/triton={tree / 'usr/share/kimi-k3/triton'}",
+                           "--source-date-epoch", str(EPOCH)]) == 0
+    assert oci_image.main(["--out", str(tmp_path / "img"), "--layer", str(desc), str(blob),
+                           "--source-date-epoch", str(EPOCH)]) == 0
+    assert image_sbom.compiled_modules(tmp_path / "img") == sorted(
+        ("triton", f"/usr/share/kimi-k3/triton/{rel}", hashlib.sha256(data).hexdigest())
+        for rel, data in files.items() if not rel.endswith(".json"))
 
 
 def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -> None:
