@@ -12,7 +12,7 @@ empty disk cache (Bazel cold), first the image layers the SGLang JIT build runs 
 (`tools/bazel build --config=pypi //jit_cache:sglang_jit_12_0f_image_inputs`: the base tar and
 the installed trees of the layers below SGLang's JIT layer), then, timed one by one, what each
 first-use cache layer adds to the main job (`tools/bazel build --config=pypi //image:layer_<L>`:
-sglang_jit, the modules of jit_cache/sglang_modules.json for 12.0f; triton, the kernels of
+sglang_jit, the modules of jit_cache/sglang_modules.json for 12.0f; triton, Triton's driver module and the kernels of
 jit_cache/triton_calls.json for 12.0; each layer written), with the layer's compressed size and
 digest. Every root must give the same digest for each layer (exit 1 otherwise). The
 downloads' cache and the sealed Bazel root are kept, as in `python3 -m tools.bench`.
