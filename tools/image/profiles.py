@@ -61,6 +61,8 @@ PROFILES_IMAGE_PATH = "/usr/share/kimi-k3/profiles"
 # (tools/jit_cache/sglang_aot.py MANIFEST).
 SGLANG_JIT_IMAGE_PATH = "/usr/share/kimi-k3/sglang-jit"
 SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
+# image/constants.bzl TRITON_DIR (the Triton layer's cache, tools/jit_cache/triton_aot.py MANIFEST).
+TRITON_IMAGE_PATH = "/usr/share/kimi-k3/triton"
 SCHEMA_VERSION = 1
 PROFILE_KEYS = {"schema_version", "description", "checkpoint", "needs", "placeholders", "env", "args"}
 PLACEHOLDER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")

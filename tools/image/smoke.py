@@ -425,7 +425,7 @@ def check_launch_profiles(rootfs: Path, env: Sequence[str], names: Sequence[str]
     return profiles.judge(chosen, results, features, cache, table, sglang, listed, caches)
 
 
-TRITON_IMAGE_PATH = "/usr/share/kimi-k3/triton"  # image/constants.bzl TRITON_DIR
+TRITON_IMAGE_PATH = profiles.TRITON_IMAGE_PATH
 TRITON_CHECK_DIR = "/tmp/kimi-k3-triton-check"
 
 
@@ -453,6 +453,7 @@ def check_triton_driver(rootfs: Path, env: Sequence[str]) -> tuple[bool, str]:
         from tools.image import triton_driver_probe
 
         shutil.copyfile(triton_driver_probe.__file__, work / "probe.py")
+        shutil.copyfile(profile_probe.__file__, work / "profile_probe.py")
         proc = run_in_chroot(rootfs, ["/usr/bin/python3", f"{TRITON_CHECK_DIR}/probe.py",
                                       profiles.ENTRYPOINT_IMAGE_PATH, f"{TRITON_CHECK_DIR}/cache"],
                              run_env, network=False, timeout=600)

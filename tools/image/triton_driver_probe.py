@@ -5,24 +5,22 @@ loads its driver module, which Triton builds with a C compiler unless its cache 
 build Triton starts is recorded and refused (knobs.build.impl), so a miss is named, not
 compiled. Prints one JSON line: bound entries, compiles, the loaded module's file, its key
 inputs (TRITON_LIBCUDA_PATH), or the error. Copied into the rootfs by tools/image/smoke.py
-check_triton_driver; imports nothing of tools/.
+check_triton_driver beside profile_probe.py (its entrypoint loader); imports nothing else of tools/.
 
 argv: the entrypoint's path in the image, a writable directory for TRITON_CACHE_DIR.
 """
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_probe import load_entrypoint  # noqa: E402
 
 
 def main(entrypoint, cache_dir):
     out = {"compiles": []}
     try:
-        loader = importlib.machinery.SourceFileLoader("kimi_k3_entrypoint", entrypoint)
-        spec = importlib.util.spec_from_loader("kimi_k3_entrypoint", loader)
-        ep = importlib.util.module_from_spec(spec)
-        loader.exec_module(ep)
+        ep = load_entrypoint(entrypoint)
         env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
         out["bound"] = ep.bind_triton_cache(env)
         os.environ.update(env)

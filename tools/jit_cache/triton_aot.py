@@ -29,6 +29,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,21 +134,24 @@ def _device(arch: str, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 RUNTIME_KEY = "triton_runtime"
-RUNTIME_FIELDS = {"why", "python", "ext_suffix", "triton_wheel", "python_include_deb", "site_packages",
-                  "libcuda_path", "device"}
+RUNTIME_FIELDS = {"why", "triton_wheel", "python_include_deb", "site_packages", "libcuda_path", "device"}
 
 
 def load_runtime(path: Path | None) -> dict[str, Any] | None:
     """The `triton_runtime` object of PATH (tools/gpu_suite/gpu_host.json; None: the image's own
     runtime): another host's Triton, the same release as the image's as another CPython's build
-    (triton_wheel: its file name), where it is installed (site_packages), its Python
-    (python, ext_suffix; python_include_deb: the .deb of that Python's headers), the
-    TRITON_LIBCUDA_PATH it runs with, and its device as Triton reads it."""
+    (triton_wheel: its file name), where it is installed (site_packages), the .deb of its
+    Python's headers (python_include_deb; the Python is the file's `python`, X.Y), the
+    TRITON_LIBCUDA_PATH it runs with, and its device as Triton reads it. Returned with `python`
+    and its `ext_suffix` (the extension file suffix of CPython X.Y on x86-64 Linux) added."""
     from tools.jit_cache.sglang_aot import runtime_object
 
     if path is None:
         return None
     runtime, where = runtime_object(path, RUNTIME_KEY)
+    python, _ = runtime_object(path, "python")
+    if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
+        raise UserError(f"--runtime {path}: python: {python!r} is not a CPython X.Y; give the host's")
     if not isinstance(runtime, dict) or set(runtime) != RUNTIME_FIELDS:
         raise UserError(f"{where}: expected an object of {', '.join(sorted(RUNTIME_FIELDS))}")
     for name in ("site_packages", "libcuda_path"):
@@ -158,7 +162,7 @@ def load_runtime(path: Path | None) -> dict[str, Any] | None:
             and isinstance(device["capability"], list) and len(device["capability"]) == 2):
         raise UserError(f"{where}.device: expected capability [major, minor], device_name, device_properties "
                         "(what Triton's driver.active.utils.get_device_properties(0) returns on the host)")
-    return runtime
+    return dict(runtime, python=python, ext_suffix=f".cpython-{python.replace('.', '')}-x86_64-linux-gnu.so")
 
 
 def unpack_host_triton(wheel: Path, runtime: dict[str, Any], out: Path) -> Path:
@@ -178,13 +182,15 @@ def unpack_host_triton(wheel: Path, runtime: dict[str, Any], out: Path) -> Path:
 def unpack_python_headers(deb: Path, runtime: dict[str, Any], out: Path) -> Path:
     """The runtime Python's headers (its libpython3.X-dev .deb, dpkg-deb -x); returns the
     unpacked root (usr/include/python3.X and the multiarch pyconfig.h below it)."""
+    from tools.fetch.debian import unpack_deb
+
     if deb.name != runtime["python_include_deb"]:
         raise UserError(f"--host-python-headers {deb}: not the runtime's {runtime['python_include_deb']}")
-    proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], capture_output=True, text=True)
+    unpack_deb(deb, out, f"--host-python-headers {deb}")
     header = out / "usr" / "include" / f"python{runtime['python']}" / "Python.h"
-    if proc.returncode != 0 or not header.is_file():
-        raise UserError(f"--host-python-headers {deb}: dpkg-deb -x gave no {header.relative_to(out)} "
-                        f"({proc.stderr.strip()[-200:]}); pass the runtime Python's libpython-dev .deb")
+    if not header.is_file():
+        raise UserError(f"--host-python-headers {deb}: holds no {header.relative_to(out)}; pass the "
+                        "runtime Python's libpython-dev .deb")
     return out
 
 

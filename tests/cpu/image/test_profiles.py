@@ -112,7 +112,7 @@ def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
     assert MANIFEST == profiles.SGLANG_JIT_MANIFEST == profiles.load_entrypoint().SGLANG_JIT_MANIFEST
     from tools.jit_cache import triton_aot
 
-    assert values["TRITON_DIR"] == profiles.load_entrypoint().TRITON_DIR
+    assert values["TRITON_DIR"] == profiles.TRITON_IMAGE_PATH == profiles.load_entrypoint().TRITON_DIR
     assert triton_aot.MANIFEST == profiles.load_entrypoint().TRITON_MANIFEST
 
 

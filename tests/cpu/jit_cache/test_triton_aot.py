@@ -115,6 +115,8 @@ GPU_HOST = Path(__file__).resolve().parents[3] / "tools" / "gpu_suite" / "gpu_ho
 def test_the_gpu_hosts_triton_runtime_loads_and_names_its_device() -> None:
     runtime = triton_aot.load_runtime(GPU_HOST)
     assert runtime["site_packages"].startswith("/") and runtime["triton_wheel"].startswith("triton-3.8.0-cp312-")
+    # The host's Python, from the file's own `python`, and its extension suffix.
+    assert (runtime["python"], runtime["ext_suffix"]) == ("3.12", ".cpython-312-x86_64-linux-gnu.so")
     assert triton_aot._device("9.0", runtime) == runtime["device"]
     with pytest.raises(UserError, match=r"^--arch 12\.0: the runtime's device is capability \[9, 0\]; build for its arch$"):
         triton_aot._device("12.0", runtime)
@@ -123,7 +125,8 @@ def test_the_gpu_hosts_triton_runtime_loads_and_names_its_device() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r.pop("ext_suffix"), r": triton_runtime: expected an object of device, ext_suffix, libcuda_path, "),
+    (lambda r: r.pop("triton_wheel"), r": triton_runtime: expected an object of device, libcuda_path, python_include_deb, "),
+    (lambda r: r.update(python="3.12"), r": triton_runtime: expected an object of device, libcuda_path, python_include_deb, "),
     (lambda r: r.update(site_packages="opt/site"), r": triton_runtime\.site_packages: 'opt/site' is not an absolute path$"),
     (lambda r: r["device"].pop("device_properties"), r": triton_runtime\.device: expected capability \[major, minor\]"),
 ])
