@@ -73,7 +73,7 @@ def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir
     with dir_replaced_atomically(out, "--out") as tmp:
         started = time.monotonic()
         for index, (pkg, path) in enumerate(debs, 1):
-            unpack_deb(path, tmp, f"set '{name}' package {pkg.name} (re-resolve the set)")
+            unpack_deb(path, tmp, f"set '{name}' package {pkg.name}", "re-resolve the set")
             if index % 25 == 0 or index == len(debs):
                 print(f"debian: {name}: {index}/{len(debs)} unpacked ({time.monotonic() - started:.1f} s)",
                       file=sys.stderr, flush=True)
@@ -82,12 +82,13 @@ def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir
     return out
 
 
-def unpack_deb(path: Path, out: Path, what: str) -> None:
-    """One verified .deb's files into out (dpkg-deb -x); a file dpkg-deb cannot read is one line."""
+def unpack_deb(path: Path, out: Path, what: str, fix: str) -> None:
+    """One verified .deb's files into out (dpkg-deb -x); a file dpkg-deb cannot read is one line
+    naming `what` and the `fix`."""
     proc = subprocess.run(["dpkg-deb", "-x", str(path), str(out)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"{what}: dpkg-deb -x failed ({proc.stderr.strip()}); the verified file {path} is "
-                        "not a .deb dpkg-deb reads")
+                        f"not a .deb dpkg-deb reads: {fix}")
 
 
 def deb_control(path: Path, what: str) -> str:

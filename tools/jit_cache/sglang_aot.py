@@ -242,11 +242,14 @@ class ImagePython:
             "FLASHINFER_CUDA_ARCH_LIST": arch,
         }
 
-    def run_worker(self, request: dict[str, Any], extra_env: dict[str, str], what: str) -> dict[str, Any]:
+    def run_worker(self, request: dict[str, Any], extra_env: dict[str, str], what: str,
+                   worker: Path = WORKER) -> dict[str, Any]:
+        """`worker` (sglang_worker.py, or triton_aot's) under the image's python on REQUEST (a
+        JSON file; the worker writes its result where request["result"] says); returns it."""
         request = dict(request, result=str(self.scratch / f"{what}-result.json"))
         request_file = self.scratch / f"{what}-request.json"
         request_file.write_text(json.dumps(request))
-        proc = subprocess.run([str(self.python), str(WORKER), str(request_file)],
+        proc = subprocess.run([str(self.python), str(worker), str(request_file)],
                               env={**self.env, **extra_env}, capture_output=True, text=True)
         result_file = Path(request["result"])
         if proc.returncode != 0 or not result_file.is_file():

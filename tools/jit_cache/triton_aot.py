@@ -180,18 +180,18 @@ def unpack_host_triton(wheel: Path, runtime: dict[str, Any], out: Path) -> Path:
 
 
 def unpack_python_headers(deb: Path, runtime: dict[str, Any], out: Path) -> Path:
-    """The runtime Python's headers (its libpython3.X-dev .deb, dpkg-deb -x); returns the
-    unpacked root (usr/include/python3.X and the multiarch pyconfig.h below it)."""
+    """The runtime Python's headers (its libpython3.X-dev .deb, dpkg-deb -x into out); returns
+    out/usr/include/python3.X (the multiarch pyconfig.h it includes is below out/usr/include)."""
     from tools.fetch.debian import unpack_deb
 
     if deb.name != runtime["python_include_deb"]:
         raise UserError(f"--host-python-headers {deb}: not the runtime's {runtime['python_include_deb']}")
-    unpack_deb(deb, out, f"--host-python-headers {deb}")
+    unpack_deb(deb, out, f"--host-python-headers {deb}", "pass the runtime Python's libpython-dev .deb")
     header = out / "usr" / "include" / f"python{runtime['python']}" / "Python.h"
     if not header.is_file():
         raise UserError(f"--host-python-headers {deb}: holds no {header.relative_to(out)}; pass the "
                         "runtime Python's libpython-dev .deb")
-    return out
+    return header.parent
 
 
 @contextmanager
@@ -330,7 +330,7 @@ def _image(scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packa
 
 
 def build_driver_module(image: Any, cache_dir: Path, cuda_home: str, userland: str, libcuda_path: str,
-                        site_packages: str, python_headers: Path | None = None,
+                        site_packages: str, python_include: Path | None = None,
                         ext_suffix: str | None = None) -> dict[str, Any]:
     """Triton's driver module (`cuda_utils`, from triton/backends/nvidia/driver.c) in cache_dir,
     keyed as the image's Triton keys it: Triton builds it with the host's C compiler at the first
@@ -354,30 +354,20 @@ def build_driver_module(image: Any, cache_dir: Path, cuda_home: str, userland: s
     cc.chmod(0o755)
     image_triton = site_packages.rstrip("/") + "/triton"
     maps = [*tc.prefix_maps(), (str(image.site / "triton"), image_triton)]
-    if python_headers is None:  # the image's python3.11: the userland's libpython3.11-dev
+    if python_include is None:  # the image's python3.11: the userland's libpython3.11-dev
         includes = [f"-I{tc.python_include}"]
     else:  # another host's Python (its EXT_SUFFIX names the module); its pyconfig.h is multiarch
-        include = next(python_headers.glob("usr/include/python3.*/Python.h")).parent
-        includes = [f"-I{include}", f"-I{python_headers / 'usr' / 'include'}"]
-        maps.append((str(python_headers), ""))
+        includes = [f"-I{python_include}", f"-I{python_include.parent}"]
+        maps.append((str(python_include.parents[2]), ""))  # the unpacked .deb's root
     maps.sort(key=lambda m: len(m[0]), reverse=True)
     compile_env = tc.env()
     request = {"driver_module": {"image_triton": image_triton, "link_dirs": [str(stubs)],
                                  "ext_suffix": ext_suffix,
-                                 "ccflags": includes + [f"-ffile-prefix-map={a}={b}" for a, b in maps]},
-               "result": str(image.scratch / "driver-module.json")}
-    path = image.scratch / "driver-module-request.json"
-    path.write_text(json.dumps(request))
-    env = dict(image.env, TRITON_CACHE_DIR=str(cache_dir), TRITON_LIBCUDA_PATH=libcuda_path,
-               CC=str(cc), PATH=compile_env["PATH"],
-               LD_LIBRARY_PATH=os.pathsep.join([image.env["LD_LIBRARY_PATH"], str(libs)]))
-    proc = subprocess.run([str(image.python), str(WORKER), str(path)], env=env, capture_output=True,
-                          text=True)
-    if proc.returncode != 0 or not Path(request["result"]).is_file():
-        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-6000:])
-        raise UserError(f"build-triton: Triton's driver module (cuda_utils) did not build (exit "
-                        f"{proc.returncode}); see its output above")
-    result = json.loads(Path(request["result"]).read_text())
+                                 "ccflags": includes + [f"-ffile-prefix-map={a}={b}" for a, b in maps]}}
+    result = image.run_worker(request, {
+        "TRITON_CACHE_DIR": str(cache_dir), "TRITON_LIBCUDA_PATH": libcuda_path, "CC": str(cc),
+        "PATH": compile_env["PATH"], "LD_LIBRARY_PATH": os.pathsep.join([image.env["LD_LIBRARY_PATH"], str(libs)]),
+    }, "build-triton-driver-module", WORKER)
     if result["compiles"] != ["cuda_utils"]:
         raise UserError(f"build-triton: Triton built {result['compiles']} for its driver module, "
                         "expected exactly cuda_utils")
@@ -392,15 +382,7 @@ def check_key_as(image: Any, identity: Path) -> None:
     """The worker's key_as() gives Triton's own triton_key() when pointed at the image's Triton,
     and for the other build a key that differs from it only in libtriton.so's sha256 (the one
     file that differs between CPython builds of a release): else Triton changed what it keys on."""
-    request = {"triton_key_check": str(identity), "result": str(image.scratch / "key-check.json")}
-    path = image.scratch / "key-check-request.json"
-    path.write_text(json.dumps(request))
-    proc = subprocess.run([str(image.python), str(WORKER), str(path)], env=image.env, capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise UserError("build-triton: the Triton key check failed in the worker; see its output above")
-    keys = json.loads(Path(request["result"]).read_text())
+    keys = image.run_worker({"triton_key_check": str(identity)}, {}, "build-triton-key-check", WORKER)
     own, other = keys["own"].split("-"), keys["other"].split("-")
     differing = [i for i, (a, b) in enumerate(zip(own, other)) if a != b]
     libtriton = sha256_file(identity / "_C" / "libtriton.so")
