@@ -2,7 +2,7 @@
 (no compiler reachable: the proof's environment) and without it (an empty TRITON_CACHE_DIR, the
 host's ptxas and C compiler, as a server compiles today):
 
-    python3 -m tools.gpu_suite.triton_first_call --cache SHIPPED --site SITE --cuda-home /usr/local/cuda
+    python3 -m tools.gpu_suite.triton_first_call --cache SHIPPED --cuda-home CUDA_ROOT
 
 Run by the bundle's `sh run.sh --triton` after the proof (tools/gpu_suite/host.py), with the
 Triton site and the SGLang site on PYTHONPATH. Each (call, mode) runs in a fresh process: the
