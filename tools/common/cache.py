@@ -4,6 +4,7 @@ computes the same path in shell (it runs before any Python) and exports KIMI_K3_
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ENV = "KIMI_K3_CACHE"
@@ -28,13 +29,16 @@ def disk_cache_dir() -> Path | None:
     return Path(value) if value else cache_root() / "bazel-disk-cache"
 
 
+SIZE_FORMAT = re.compile(r"[0-9]+[KMGT]?")  # what tools/bazel accepts too (ASCII digits only)
+
+
 def parse_size(text: str) -> int:
     """`50G`, `512M`, `1000` -> bytes (powers of 1024, as Bazel reads its size flags)."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    number, unit = (text[:-1], text[-1].upper()) if text[-1:].isalpha() else (text, "")
-    if not number.isdigit() or unit not in units:
-        raise ValueError(f"{text!r}: expected a size such as 50G (bytes, or K, M, G, T)")
-    return int(number) * units[unit]
+    if not SIZE_FORMAT.fullmatch(text):
+        raise ValueError("expected a size such as 50G (ASCII digits, then nothing for bytes or "
+                         "one of K, M, G, T)")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(text.rstrip("KMGT")) * units.get(text[-1], 1)
 
 
 def prune_disk_cache(directory: Path, max_bytes: int) -> tuple[int, int, int]:
@@ -65,6 +69,9 @@ def prune_disk_cache(directory: Path, max_bytes: int) -> tuple[int, int, int]:
     return removed, removed_bytes, total - removed_bytes
 
 
+MAX_SIZE_ENV = "KIMI_K3_DISK_CACHE_MAX_SIZE"
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -72,22 +79,31 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description="Prune Bazel's disk cache (the one tools/bazel uses) to a size.")
     p.add_argument("command", choices=["prune-disk-cache"])
-    p.add_argument("--max-size", default=os.environ.get("KIMI_K3_DISK_CACHE_MAX_SIZE", "50G"),
-                   help="keep at most this much (default: $KIMI_K3_DISK_CACHE_MAX_SIZE or 50G)")
+    p.add_argument("--max-size", help=f"keep at most this much (default: ${MAX_SIZE_ENV} or 50G)")
     args = p.parse_args(argv)
+    # The error names where the size came from: the flag, or the variable the user set.
+    if args.max_size is not None:
+        max_size, source = args.max_size, f"--max-size {args.max_size}"
+    else:
+        max_size = os.environ.get(MAX_SIZE_ENV) or "50G"
+        source = f"{MAX_SIZE_ENV}={max_size}"
     try:
-        max_bytes = parse_size(args.max_size)
+        max_bytes = parse_size(max_size)
     except ValueError as e:
-        raise UserError(f"--max-size {e}") from None
+        raise UserError(f"{source}: {e}") from None
     directory = disk_cache_dir()
     if directory is None:
         raise UserError(f"{DISK_CACHE_ENV}=off: there is no disk cache to prune")
-    if not directory.is_dir():
+    where = f"{DISK_CACHE_ENV}={directory}" if os.environ.get(DISK_CACHE_ENV) else f"disk cache {directory}"
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"{where}: exists and is not a directory; set {DISK_CACHE_ENV} to Bazel's "
+                        "disk cache directory (or off)")
+    if not directory.exists():
         print(f"{directory}: no disk cache yet, nothing to prune")
         return 0
     removed, removed_bytes, kept = prune_disk_cache(directory, max_bytes)
     print(f"{directory}: removed {removed} entries ({removed_bytes / 2**30:.2f} GiB), "
-          f"{kept / 2**30:.2f} GiB kept (at most {args.max_size})")
+          f"{kept / 2**30:.2f} GiB kept (at most {max_size})")
     return 0
 
 
