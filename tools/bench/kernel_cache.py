@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--userland", help="the compiler userland (see tools/kernel_cache/toolchain.py)")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--mem-budget-mb", type=int, default=16000)
-    ap.add_argument("--work", type=Path, required=True, help="scratch dir (wiped)")
+    ap.add_argument("--work", type=Path, required=True, help="scratch parent: the run works in a new folder under it, removed afterwards")
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--dry-run", action="store_true", help="object counts only, no compiling")
     args = ap.parse_args(argv)
@@ -127,21 +128,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"toolchain: nvcc {tc.nvcc_version_text} at {tc.cuda_home}; arch {args.arch}; "
           f"-j {args.jobs}", file=sys.stderr)
     rows: list[tuple[str, dict]] = []
-    for variant in VARIANTS:
-        plan = make_plan(args.flashinfer_tree, args.modules, args.arch, variant, tc)
-        mods = [m for m in plan["modules"] if not args.only or m["name"] in args.only]
-        counts = {m["name"]: len(m["objects"]) for m in mods}
-        print(f"{variant}: {sum(counts.values())} objects {counts}", file=sys.stderr)
-        if args.dry_run:
-            rows.append((f"plan {variant}", {"objects": sum(counts.values())}))
-            continue
-        cache = args.work / f"cache-{variant}"
-        shutil.rmtree(cache, ignore_errors=True)
-        rows.append((f"cold {variant}", timed_build(args, variant, cache, args.work / f"out-{variant}")))
-    if not args.dry_run:
-        last = VARIANTS[-1]
-        rows.append((f"warm {last}", timed_build(args, last, args.work / f"cache-{last}",
-                                                 args.work / f"out-{last}-warm")))
+    # A new folder of its own under --work, removed afterwards: nothing of the user's is wiped.
+    args.work.mkdir(parents=True, exist_ok=True)
+    run = Path(tempfile.mkdtemp(prefix="kernel-cache-bench-", dir=args.work))
+    try:
+        for variant in VARIANTS:
+            plan = make_plan(args.flashinfer_tree, args.modules, args.arch, variant, tc)
+            mods = [m for m in plan["modules"] if not args.only or m["name"] in args.only]
+            counts = {m["name"]: len(m["objects"]) for m in mods}
+            print(f"{variant}: {sum(counts.values())} objects {counts}", file=sys.stderr)
+            if args.dry_run:
+                rows.append((f"plan {variant}", {"objects": sum(counts.values())}))
+                continue
+            rows.append((f"cold {variant}", timed_build(args, variant, run / f"cache-{variant}",
+                                                        run / f"out-{variant}")))
+        if not args.dry_run:
+            last = VARIANTS[-1]
+            rows.append((f"warm {last}", timed_build(args, last, run / f"cache-{last}",
+                                                     run / f"out-{last}-warm")))
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
     print(f"{'run':<12} {'objects':>8} {'seconds':>9} {'peak RSS MB':>12} {'.so MB':>8}")
     for name, r in rows:
         print(f"{name:<12} {r['objects']:>8} {r.get('secs', float('nan')):>9.1f} "

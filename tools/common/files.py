@@ -2,13 +2,15 @@
 killed run) never sees half a file. Files come out 0644: mkstemp's 0600 would otherwise leak into
 committed files (manifests, plans) and image layers. Directories the same way: built in a temp
 sibling (0755, not mkdtemp's 0700), then swapped into place by replace_dir, the one helper every
-stage uses for it."""
+stage uses for it; it replaces only an empty directory or a previous output of the same tool
+(check_replaceable_dir), so no command deletes what it did not write."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -82,6 +84,53 @@ def workspace_path(path: Path) -> Path:
     return Path(workspace) / path if workspace and not path.is_absolute() else path
 
 
+# The marker a directory swap leaves in every tree it writes for a named tool: the proof that a
+# later run may replace that directory. Without it a tree is the user's, and never deleted.
+OUTPUT_MARKER = ".kimi-k3-output"
+
+
+def check_replaceable_dir(target: Path, what: str, tool: str | None) -> None:
+    """The one rule of every directory this project replaces: `target` may be absent, an empty
+    directory, or a previous output of `tool` (its OUTPUT_MARKER names the tool). Anything else
+    holds what the tool did not write, so it is refused in one line, before any work, and never
+    deleted. tool=None: a tree shipped byte for byte (an image layer's, a kernel cache) carries
+    no marker, so only an empty directory (what Bazel gives an action) is replaced."""
+    for at in target.absolute().parents:  # `--out FILE/sub`: one line, not a FileExistsError
+        if at.exists() or at.is_symlink():
+            if not at.is_dir():
+                raise UserError(f"{what} {target}: {at} is not a directory; pass a path under a directory")
+            break
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise UserError(f"{what} {target}: exists and is not a directory; remove it or pick another path")
+    if not target.exists():
+        return
+    try:
+        with os.scandir(target) as entries:
+            if next(entries, None) is None:
+                return
+        owner = _marker_tool(target / OUTPUT_MARKER)
+    except OSError as e:
+        raise UserError(f"{what} {target}: cannot look into it ({e.strerror}); pick another path") from None
+    if tool is not None and owner == tool:
+        return
+    held = (f"holds the output of {owner}" if owner else
+            f"holds files that {tool or 'this tool'} did not write (no {OUTPUT_MARKER} marker)")
+    raise UserError(f"{what} {target}: exists, is not empty and {held}; pass another path "
+                    "(a new or empty directory), or remove it yourself")
+
+
+def _marker_tool(marker: Path) -> str | None:
+    """The tool a marker names; None for no marker, or a file that is not one (a user's file
+    of that name proves nothing)."""
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        tool = json.loads(marker.read_bytes()).get("tool")
+    except (ValueError, AttributeError):
+        return None
+    return tool if isinstance(tool, str) else None
+
+
 def temp_dir_sibling(path: Path) -> Path:
     """A new empty 0755 directory beside `path` for the caller to fill and replace_dir onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,9 +139,11 @@ def temp_dir_sibling(path: Path) -> Path:
     return tmp
 
 
-def replace_dir(new: Path, target: Path, what: str = "output") -> None:
-    """Put the finished directory `new` (on the file system of `target`) in place of `target`
-    (absent or a previous output); `new` is gone afterwards.
+def replace_dir(new: Path, target: Path, what: str, *, tool: str | None) -> None:
+    """Put the finished directory `new` (on the file system of `target`) in place of `target`;
+    `new` is gone afterwards. `target` must be replaceable (check_replaceable_dir, checked again
+    under the lock); a `tool` marks `new` as its output (OUTPUT_MARKER), so its next run may
+    replace it.
 
     Readers always find a directory at `target`, the old tree or the new one, never a mix: a
     previous output is swapped out with one rename(RENAME_EXCHANGE) where the file system has it
@@ -101,16 +152,16 @@ def replace_dir(new: Path, target: Path, what: str = "output") -> None:
     ENOTEMPTY, a vanished target), so no lock file is left behind. The previous tree is removed
     after the lock is released: deleting a large tree must not hold up other writers.
     """
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise UserError(f"{what} {target}: exists and is not a directory; remove it or pick another path")
+    check_replaceable_dir(target, what, tool)
+    if tool is not None:
+        (new / OUTPUT_MARKER).write_bytes(json.dumps({"tool": tool}, sort_keys=True).encode() + b"\n")
     parent = target.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     garbage: Path | None = None  # what holds the previous output afterwards
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if target.is_symlink() or (target.exists() and not target.is_dir()):
-            raise UserError(f"{what} {target}: exists and is not a directory; remove it or pick another path")
+        check_replaceable_dir(target, what, tool)  # another run may have put something there
         if not target.exists():
             os.rename(new, target)
         elif _exchange(new, target):
@@ -126,13 +177,15 @@ def replace_dir(new: Path, target: Path, what: str = "output") -> None:
 
 
 @contextlib.contextmanager
-def dir_replaced_atomically(target: Path, what: str = "output") -> Iterator[Path]:
-    """`with dir_replaced_atomically(out) as tmp:` fill tmp (a temp_dir_sibling); on success it
-    replaces `out` (replace_dir), on any error it is removed and `out` stays as it was."""
+def dir_replaced_atomically(target: Path, what: str, *, tool: str | None) -> Iterator[Path]:
+    """`with dir_replaced_atomically(out, "--out", tool=...) as tmp:` fill tmp (a
+    temp_dir_sibling); on success it replaces `out` (replace_dir), on any error it is removed and
+    `out` stays as it was. `out` is checked first (check_replaceable_dir), before any work."""
+    check_replaceable_dir(target, what, tool)
     tmp = temp_dir_sibling(target)
     try:
         yield tmp
-        replace_dir(tmp, target, what)
+        replace_dir(tmp, target, what, tool=tool)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

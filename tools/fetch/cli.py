@@ -23,11 +23,12 @@ from typing import Sequence
 from tools.common import cache as cache_env
 from tools.common import credentials
 from tools.common.errors import UserError
+from tools.common.files import check_replaceable_dir
 from tools.common.hashing import sha256_file
 from tools.common.progress import human_bytes
 from tools.fetch import git as fetch_git
 from tools.fetch.cache import Cache
-from tools.fetch.place import check_writable_path, extract_tar, place_file
+from tools.fetch.place import EXTRACT_TOOL, check_writable_path, extract_tar, place_file
 from tools.fetch.sources import SourceFailed, fetch_file_pin, mirror_dirs
 from tools.pins import lock as lockfile
 from tools.pins.lock import FilePin, GitDiffPin, GitTreePin, Lock, Pin
@@ -57,6 +58,8 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
     if args.out:
         # Checked before fetching, so a wrong --out costs no download.
         check_writable_path(Path(args.out).absolute(), "--out", directory=isinstance(pin, GitTreePin))
+        if isinstance(pin, GitTreePin):
+            check_replaceable_dir(Path(args.out).absolute(), "--out", EXTRACT_TOOL)
     path = fetch_pin(ctx, pin)
     if args.out:
         if isinstance(pin, GitTreePin):

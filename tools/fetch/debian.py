@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from tools.common import cache as cache_env
 from tools.common import credentials
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, write_bytes_atomic
+from tools.common.files import check_replaceable_dir, dir_replaced_atomically, write_bytes_atomic
 from tools.common.jsonfmt import canonical_json
 from tools.common.progress import human_bytes
 from tools.fetch.cache import Cache
@@ -29,6 +29,11 @@ from tools.fetch.cli import mirror_file
 from tools.fetch.place import check_writable_path
 from tools.fetch.sources import fetch_file_pin, mirror_dirs
 from tools.pins import debian
+
+# A set's unpacked tree and its local repository are these tools' outputs (marked): a rerun may
+# replace them, nothing else.
+EXTRACT_TOOL = "tools.fetch.debian extract"
+REPOSITORY_TOOL = "tools.fetch.debian repo"
 
 
 def fetch_set(deb_set: debian.DebSet, cache_dir: Path | None = None, mirrors: Sequence[Path] | None = None,
@@ -69,8 +74,9 @@ def extract_set(lock_path: Path | str, name: str, out_dir: Path | str, cache_dir
     deb_set = debian.load_set(lock_path, name)
     out = Path(out_dir).absolute()
     check_writable_path(out, "--out", directory=True)
+    check_replaceable_dir(out, "--out", EXTRACT_TOOL)  # before any download
     debs = fetch_set(deb_set, cache_dir, mirrors)
-    with dir_replaced_atomically(out, "--out") as tmp:
+    with dir_replaced_atomically(out, "--out", tool=EXTRACT_TOOL) as tmp:
         started = time.monotonic()
         for index, (pkg, path) in enumerate(debs, 1):
             unpack_deb(path, tmp, f"set '{name}' package {pkg.name}", "re-resolve the set")
@@ -110,8 +116,9 @@ def local_repository(deb_set: debian.DebSet, out_dir: Path | str, cache_dir: Pat
     dpkg-scanpackages needs dpkg-dev, apt-ftparchive apt-utils), with the lock's size and sha256."""
     out = Path(out_dir).absolute()
     check_writable_path(out, "repository", directory=True)
+    check_replaceable_dir(out, "repository", REPOSITORY_TOOL)
     debs = fetch_set(deb_set, cache_dir, mirrors)
-    with dir_replaced_atomically(out, "repository") as tmp:
+    with dir_replaced_atomically(out, "repository", tool=REPOSITORY_TOOL) as tmp:
         stanzas = []
         for pkg, path in debs:
             name = Path(pkg.filename).name

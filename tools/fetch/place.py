@@ -11,6 +11,9 @@ from pathlib import Path
 from tools.common.errors import UserError, cannot_write
 from tools.common.files import dir_replaced_atomically
 
+# A git tree pin unpacked by `fetch --out DIR` is this tool's output (marked): a rerun may replace it.
+EXTRACT_TOOL = "tools.fetch"
+
 
 def check_writable_path(path: Path, what: str, *, directory: bool) -> None:
     """A one-line UserError (naming `what`) when `path` cannot become a file (directory=False)
@@ -90,7 +93,7 @@ def extract_tar(tar_path: Path, out: Path) -> Path:
                         "newer python3")
     check_writable_path(out, "output", directory=True)
     try:
-        with dir_replaced_atomically(out) as tmp:
+        with dir_replaced_atomically(out, "--out", tool=EXTRACT_TOOL) as tmp:
             with tarfile.open(tar_path) as tar:
                 tar.extractall(tmp, filter="data")
     except OSError as e:  # the tar is a verified CAS entry: a failed write (a full disk)

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, workspace_path
+from tools.common.files import check_replaceable_dir, dir_replaced_atomically, workspace_path
 from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import loads_unique_keys
 from tools.common.progress import human_bytes
@@ -55,6 +55,8 @@ from tools.pins.pypi import normalize, parse_wheel_filename, python_rank
 
 ROOT = Path(__file__).absolute().parents[2]
 HOST_SPEC = Path(__file__).absolute().parent / "gpu_host.json"
+# The bundle folder is this tool's output (marked): a rerun may replace it, nothing else.
+BUNDLE_TOOL = "tools.gpu_suite.bundle"
 # What the GPU host runs, relative to the repository root (directories: their .py files).
 REPO_DIRS = ("tools/common", "tools/gpu_suite", "tools/jit_cache", "tools/kernel_cache", "tests/gpu")
 # Of the host Triton's wheel, what the Triton proof leaves out: its compilers' binaries (ptxas
@@ -264,7 +266,7 @@ def write_bundle(out: Path, *, lock: pins_lock.Lock, stack_name: str, flashinfer
     if (sg_wheel is None) != (sglang_jit is None):
         raise UserError("--sglang-wheel / --sglang-jit: give both (the proof needs the SGLang tree "
                         "the cache was keyed on) or neither")
-    with dir_replaced_atomically(out, "--out") as tmp:
+    with dir_replaced_atomically(out, "--out", tool=BUNDLE_TOOL) as tmp:
         wheels = tmp / "wheels"
         wheels.mkdir()
         shutil.copyfile(fi_wheel, wheels / fi_wheel.name)
@@ -334,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "[--config=pypi] //tools/gpu_suite:bundle -- --out DIR`, which sets both")
     spec = load_host_spec(HOST_SPEC)
     out = workspace_path(args.out).absolute()
+    check_replaceable_dir(out, "--out", BUNDLE_TOOL)  # before any fetch: a wrong --out costs nothing
     manifest = write_bundle(out, lock=pins_lock.load(args.lock), stack_name=args.stack,
                             flashinfer_wheel=Path(args.flashinfer_wheel), spec=spec,
                             python=args.python or spec.python,

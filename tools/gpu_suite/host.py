@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import dir_replaced_atomically, set_tree_writable
+from tools.common.files import check_replaceable_dir, dir_replaced_atomically, set_tree_writable
 from tools.common.hashing import sha256_file
 from tools.gpu_suite.site import unpack_wheel
 from tools.kernel_cache.modules import ARCH_RE
@@ -53,6 +53,8 @@ from tools.kernel_cache.selection import load_selections
 from tools.kernel_cache.toolchain import load_toolchain
 
 REPO = Path(__file__).absolute().parents[2]
+# The folders this runner unpacks and copies into are its own outputs: a rerun may replace them.
+HOST_TOOL = "tools.gpu_suite.host"
 SELECTIONS = REPO / "kernel_cache" / "selections.json"
 MODULES = REPO / "kernel_cache" / "modules.json"
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
@@ -205,8 +207,9 @@ def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda
     unpack_into(site, wheels)
     # A read-only copy: every module must be a hit (a miss would need to write there).
     if cache.exists():  # an earlier run's copy: writable again so it can be replaced
+        check_replaceable_dir(cache, str(cache), HOST_TOOL)
         set_tree_writable(cache, True)
-    with dir_replaced_atomically(cache, str(cache)) as tmp:
+    with dir_replaced_atomically(cache, str(cache), tool=HOST_TOOL) as tmp:
         shutil.copytree(bundle / cache_rel, tmp, dirs_exist_ok=True)
     set_tree_writable(cache, False)
     print(f"unpacked {len(wheels)} wheels into {site}; SGLang JIT cache {cache} (read-only)", flush=True)
@@ -218,7 +221,7 @@ def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda
 
 def install_triton(site_src: Path, site: Path, ptxas_version: str) -> None:
     """The bundle's Triton tree at `site` (replaced whole), its ptxas binaries the stand-in."""
-    with dir_replaced_atomically(site, str(site)) as tmp:
+    with dir_replaced_atomically(site, str(site), tool=HOST_TOOL) as tmp:
         shutil.copytree(site_src, tmp, dirs_exist_ok=True)
         bin_dir = tmp / "triton" / "backends" / "nvidia" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
@@ -263,13 +266,14 @@ def triton_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda: Pa
     install_triton(bundle / triton["site"], site, keyed["ptxas_version"])
     unpack_into(sglang_site, wheels)
     if shipped.exists():  # an earlier run's copy: writable again so it can be replaced
+        check_replaceable_dir(shipped, str(shipped), HOST_TOOL)
         set_tree_writable(shipped, True)
-    with dir_replaced_atomically(shipped, str(shipped)) as tmp:
+    with dir_replaced_atomically(shipped, str(shipped), tool=HOST_TOOL) as tmp:
         shutil.copytree(shipped_src, tmp, dirs_exist_ok=True)
     set_tree_writable(shipped, False)
-    shutil.rmtree(bound, ignore_errors=True)
-    bound.mkdir()
-    print(f"Triton {runtime['triton_wheel']} at {site} (ptxas: a stand-in); {bind(shipped, bound)} entries "
+    with dir_replaced_atomically(bound, str(bound), tool=HOST_TOOL) as tmp:
+        entries = bind(shipped, tmp)  # absolute links to the shipped files: valid after the swap
+    print(f"Triton {runtime['triton_wheel']} at {site} (ptxas: a stand-in); {entries} entries "
           f"of the read-only {shipped} bound into {bound}", flush=True)
     rc = _run(proof, env, shown)
     bench_env = env | {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -279,7 +283,7 @@ def triton_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda: Pa
 
 def unpack_into(target: Path, wheels: Sequence[Path]) -> None:
     """target replaced whole by the unpacked wheels (a rerun starts from the bundle again)."""
-    with dir_replaced_atomically(target, str(target)) as tmp:
+    with dir_replaced_atomically(target, str(target), tool=HOST_TOOL) as tmp:
         for w in wheels:
             unpack_wheel(w, tmp)
 

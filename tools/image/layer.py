@@ -546,9 +546,7 @@ def install_wheels(wheels: Sequence[Path], out: Path) -> None:
     """Install wheels into one tree rooted at the image's / (what a layer of them holds), and
     refuse a file two wheels both install. The tree is what the layer is written from, and what
     the launch-profile check mounts as the image's root (tools/image/smoke.py rootfs plans)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out-tree {out}: exists and is not an empty directory; pass a new path")
-    with dir_replaced_atomically(out, "--out-tree") as tree:
+    with dir_replaced_atomically(out, "--out-tree", tool=None) as tree:
         stages = temp_dir_sibling(out)
         try:
             owner: dict[str, str] = {}

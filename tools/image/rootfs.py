@@ -35,7 +35,7 @@ from typing import Sequence
 
 from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
-from tools.common.files import write_text_atomic
+from tools.common.files import check_replaceable_dir, replace_dir, temp_dir_sibling, write_text_atomic
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
 from tools.fetch.debian import local_repository
@@ -166,6 +166,9 @@ def debian_rootfs(out: Path, lock: Path, set_name: str, epoch: int, repo: Path |
 _DIGEST_REF_RE = re.compile(r"^[^@\s]+/[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
+PULL_TOOL = "tools.image.rootfs pull"
+
+
 def pull_base(reference: str, out: Path) -> str:
     """Copy a base image by digest into an OCI layout; returns the digest."""
     if not _DIGEST_REF_RE.match(reference):
@@ -173,9 +176,9 @@ def pull_base(reference: str, out: Path) -> str:
     host = reference.split("/", 1)[0].rsplit(":", 1)[0]
     tls = "false" if host in ("127.0.0.1", "localhost") else "true"
     out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    shutil.rmtree(tmp)
+    check_replaceable_dir(out, "--out", PULL_TOOL)  # before the pull: a wrong --out costs nothing
+    tmp = temp_dir_sibling(out)
+    tmp.rmdir()  # skopeo makes the layout's folder itself
     # No --preserve-digests: a Docker-format base must be converted to OCI for an oci: layout;
     # the layer blobs keep their bytes, and the digest asked for is recorded as the base digest.
     proc = subprocess.run(["skopeo", "copy", f"--src-tls-verify={tls}", f"docker://{reference}", f"oci:{tmp}:base"],
@@ -185,9 +188,10 @@ def pull_base(reference: str, out: Path) -> str:
         last = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise UserError(f"--reference {reference}: pull failed: {last[0]}; check the reference and credentials")
     (tmp / "base-digest").write_text(reference.split("@", 1)[1] + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    try:
+        replace_dir(tmp, out, "--out", tool=PULL_TOOL)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return reference.split("@", 1)[1]
 
 

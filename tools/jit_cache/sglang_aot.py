@@ -332,7 +332,7 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
             raise UserError(f"build-sglang: SGLang keyed the modules for {result['target']}, not "
                             f"{target} ({arch}); the stand-in device did not take")
         manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps, runtime)
-        with dir_replaced_atomically(out, "--out") as tmp:
+        with dir_replaced_atomically(out, "--out", tool=None) as tmp:
             # Of each leaf only what SGLang reads back: sgl_deps.json and the module (the
             # staging's objects, depfiles and ninja log hold build paths and times).
             for m in manifest["modules"]:

@@ -464,7 +464,7 @@ def build_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
             "entries": entries,
             "modules": [module],
         }
-        with dir_replaced_atomically(out, "--out") as tmp:
+        with dir_replaced_atomically(out, "--out", tool=None) as tmp:
             for key, entry in entries.items():
                 (tmp / key).mkdir()
                 for name in entry["files"]:

@@ -251,7 +251,7 @@ def assemble(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping[str, Pa
     missing = [m["name"] for m in plan["modules"] if m["name"] not in module_sos]
     if missing:
         raise UserError(f"assemble: no .so given for modules {missing}; pass --module-so NAME=PATH")
-    with dir_replaced_atomically(out.absolute(), "--out") as tmp:
+    with dir_replaced_atomically(out.absolute(), "--out", tool=None) as tmp:
         aot = tmp / AOT_SUBDIR
         for name, so in module_sos.items():
             (aot / name).mkdir(parents=True, exist_ok=True)

@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if got != module["gen_digest"]:
                 raise UserError(f"module {args.module}: generated sources {got[:16]} differ from "
                                 f"the plan's {module['gen_digest'][:16]}; regenerate the plan")
-            replace_dir(tmp / args.module, args.out.absolute(), "--out")
+            replace_dir(tmp / args.module, args.out.absolute(), "--out", tool=None)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0

@@ -300,7 +300,7 @@ def unpack_tvm_ffi(wheel: Path, out: Path) -> Path:
         if not headers or not version:
             raise UserError(f"--wheel {wheel}: no tvm_ffi/include/ or version in it; pass an "
                             "apache-tvm-ffi wheel")
-        with dir_replaced_atomically(out, "--out") as tmp:
+        with dir_replaced_atomically(out, "--out", tool=None) as tmp:
             for n in headers:
                 dst = tmp / n[len("tvm_ffi/"):]
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +314,7 @@ def unpack_tvm_ffi(wheel: Path, out: Path) -> Path:
 def write_cuda_stubs(tc: Toolchain, out: Path) -> Path:
     """Link-time stub dir: a libcuda.so stub (no driver on build hosts; soname libcuda.so.1 like
     the real stub), built with the toolchain's own compiler, unless the CUDA root has one."""
-    with dir_replaced_atomically(out, "--out") as tmp:
+    with dir_replaced_atomically(out, "--out", tool=None) as tmp:
         real_stub = tc.cuda_home / "lib64" / "stubs" / "libcuda.so"
         if not real_stub.exists():
             src = tmp / "empty.c"

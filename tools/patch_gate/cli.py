@@ -65,7 +65,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if args.manifest:
         write_manifest(args.manifest, build_manifest(result))
     if args.remapped_dir:
-        write_remapped(args.remapped_dir, [r.patch for r in result.results])
+        write_remapped(args.remapped_dir, [r.patch for r in result.results], "--remapped-dir")
     return 0
 
 
@@ -109,7 +109,7 @@ def cmd_remap(args: argparse.Namespace) -> int:
     sources = resolve_series(args.series, read_series(args.series), parse_pin_files(args.pin_file), lock)
     layout = WheelLayout.load(args.layout)
     patches = [remap_patch(s, layout) for s in sources]
-    write_remapped(args.out_dir, patches)
+    write_remapped(args.out_dir, patches, "--out-dir")
     for p in patches:
         print(f"{p.source.entry.label}: {len(p.files)} files remapped, {len(p.excluded)} excluded")
         for f in p.files:

@@ -23,6 +23,9 @@ from tools.patch_gate.manifest import build_manifest, manifest_drift, read_manif
 from tools.patch_gate.remap import RemappedPatch, WheelLayout, remap_patch
 from tools.patch_gate.series import PatchSource
 
+# The remapped patches' review folder is this tool's own output: a rerun may replace it.
+REMAPPED_TOOL = "tools.patch_gate remapped patches"
+
 STATE_APPLIES = "applies"
 STATE_UPSTREAM = "already upstream"
 STATE_CONFLICTS = "conflicts"
@@ -199,7 +202,7 @@ def run_gate(inputs: GateInputs, out_dir: Path | None, expected_manifest: Path |
             if result.drift:
                 return result
         if out_dir is not None:
-            replace_dir(_full_tree(inputs.target, work, scratch, set(before)), out_dir, "--out-dir")
+            replace_dir(_full_tree(inputs.target, work, scratch, set(before)), out_dir, "--out-dir", tool=None)
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -320,9 +323,9 @@ def render_table(result: GateResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_remapped(out: Path, patches: list[RemappedPatch]) -> None:
+def write_remapped(out: Path, patches: list[RemappedPatch], what: str) -> None:
     """The remapped patches (what git apply saw), one file per series entry, for review."""
-    with dir_replaced_atomically(out.resolve()) as tmp:
+    with dir_replaced_atomically(out.resolve(), what, tool=REMAPPED_TOOL) as tmp:
         for index, patch in enumerate(patches, start=1):
             name = re.sub(r"[^A-Za-z0-9._-]+", "-", patch.source.entry.label)
             (tmp / f"{index:02d}-{name}.wheel.patch").write_bytes(patch.text.encode("utf-8", errors="surrogateescape"))

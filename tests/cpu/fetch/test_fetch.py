@@ -1150,3 +1150,25 @@ def test_verify_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_extract_refuses_a_users_directory_and_replaces_its_own(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    tar_path = tmp_path / "t.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        info = tarfile.TarInfo("src/a.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"a\n"))
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep\n")
+    with pytest.raises(UserError) as e:
+        place.extract_tar(tar_path, users)
+    assert one_line(e.value).startswith(f"--out {users}: exists, is not empty and holds files that tools.fetch")
+    assert [p.name for p in users.iterdir()] == ["notes.txt"]
+    ours = tmp_path / "tree"
+    place.extract_tar(tar_path, ours)
+    place.extract_tar(tar_path, ours)  # a rerun replaces its own output
+    assert (ours / "src" / "a.txt").read_bytes() == b"a\n"

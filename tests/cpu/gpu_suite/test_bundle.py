@@ -311,3 +311,47 @@ def test_run_sh_refuses_an_nvcc_the_plans_are_not_made_for(tmp_path: Path) -> No
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def _users_checkout(path: Path) -> dict[str, bytes]:
+    (path / ".git").mkdir(parents=True)
+    (path / ".git" / "HEAD").write_bytes(b"ref: refs/heads/main\n")
+    (path / "uncommitted.py").write_bytes(b"work in progress\n")
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_an_out_holding_the_users_files_is_refused_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tools/bazel run //tools/gpu_suite:bundle -- --out .` named the checkout, which was replaced
+    whole (.git and uncommitted files gone). Now refused in one line, before any fetch."""
+    checkout = tmp_path / "checkout"
+    before = _users_checkout(checkout)
+    fi = _wheel(tmp_path / "flashinfer_python-0+stand.in-py3-none-any.whl", {"flashinfer/__init__.py": ""})
+    monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", str(checkout))
+    with pytest.raises(UserError) as e:
+        bundle.main(["--out", ".", "--stack", "pypi", "--flashinfer-wheel", str(fi)])
+    assert str(e.value).startswith(f"--out {checkout}: exists, is not empty and holds files that "
+                                   f"{bundle.BUNDLE_TOOL} did not write")
+    with pytest.raises(UserError, match="is not empty"):  # the library call, with its fetcher
+        bundle.write_bundle(checkout, lock=_lock(), stack_name="pypi", flashinfer_wheel=fi,
+                            spec=bundle.load_host_spec(bundle.HOST_SPEC), python=PYTHON,
+                            fetch=_stand_in_fetch(tmp_path / "pins"))
+    after = {str(p.relative_to(checkout)): p.read_bytes() for p in sorted(checkout.rglob("*")) if p.is_file()}
+    assert after == before
+    # Its own previous bundle is replaced, and an --out under a file is one line.
+    out, _ = _bundle(tmp_path)
+    out2, _ = _bundle(tmp_path)
+    assert out2 == out and host.verify_bundle(out)
+    with pytest.raises(UserError, match=r"is not a directory; pass a path under a directory$"):
+        bundle.main(["--out", str(checkout / "uncommitted.py" / "b"), "--stack", "pypi",
+                     "--flashinfer-wheel", str(fi)])
+
+
+def test_the_host_runner_replaces_only_its_own_folders(tmp_path: Path) -> None:
+    users = tmp_path / "site"
+    before = _users_checkout(users)
+    with pytest.raises(UserError, match="is not empty"):
+        host.unpack_into(users, [])
+    assert {str(p.relative_to(users)): p.read_bytes() for p in sorted(users.rglob("*")) if p.is_file()} == before
+    fresh = tmp_path / "fresh"
+    host.unpack_into(fresh, [])
+    host.unpack_into(fresh, [])  # a rerun replaces its own

@@ -215,3 +215,18 @@ def test_rootfs_tar_members_are_read_not_trusted(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_pull_base_refuses_a_users_directory_before_pulling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pull --out DIR` removed DIR when it existed; a user's directory is refused now, before skopeo runs."""
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep\n")
+    pulled = []
+    monkeypatch.setattr(rootfs.subprocess, "run", lambda *a, **k: pulled.append(a))
+    with pytest.raises(UserError) as e:
+        rootfs.pull_base("127.0.0.1:5000/base@sha256:" + "0" * 64, users)
+    assert str(e.value).startswith(f"--out {users}: exists, is not empty and holds files that "
+                                   f"{rootfs.PULL_TOOL} did not write")
+    assert pulled == [] and [p.name for p in users.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]

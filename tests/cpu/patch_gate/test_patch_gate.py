@@ -1073,3 +1073,18 @@ def test_repacked_wheel_passes_the_gate_untouched(applied: dict[str, Path], tmp_
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_the_remapped_dir_replaces_only_its_own_output(tmp_path: Path) -> None:
+    """--remapped-dir naming a directory of the user's is refused and kept; its own is replaced."""
+    from tools.patch_gate.gate import write_remapped
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep\n")
+    with pytest.raises(UserError) as e:
+        write_remapped(users, [], "--remapped-dir")
+    assert str(e.value).startswith(f"--remapped-dir {users}: exists, is not empty and holds files that")
+    assert [p.name for p in users.iterdir()] == ["notes.txt"]
+    write_remapped(tmp_path / "remapped", [], "--remapped-dir")
+    write_remapped(tmp_path / "remapped", [], "--remapped-dir")

@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools.common.errors import UserError, run_cli  # noqa: E402
+from tools.common.files import OUTPUT_MARKER, dir_replaced_atomically  # noqa: E402
 from tools.fetch import debian as debian_fetch  # noqa: E402
 from tools.pins import debian  # noqa: E402
 
@@ -175,7 +176,7 @@ def test_local_repository_lists_exactly_the_verified_debs(tmp_path: Path, deb_lo
     stanzas = debian.parse_stanzas((repo / "Packages").read_text())
     assert [(st["Package"], st["Version"], st["Filename"], st["SHA256"], int(st["Size"])) for st in stanzas] == \
         [(p.name, p.version, "./" + Path(p.filename).name, p.sha256, p.size) for p in s.packages]
-    assert sorted(f.name for f in repo.iterdir()) == ["Packages", "hello_1.0-1_amd64.deb",
+    assert sorted(f.name for f in repo.iterdir()) == [OUTPUT_MARKER, "Packages", "hello_1.0-1_amd64.deb",
                                                      "libhello-dev_1.0-1_amd64.deb"]
     # A lock entry whose bytes are another package's .deb is refused, nothing is left behind.
     data = json.loads(lock.read_text())
@@ -450,11 +451,11 @@ def test_a_deb_dpkg_deb_cannot_read_leaves_no_tree(tmp_path: Path, deb_lock: tup
     entry["size"], entry["sha256"] = bogus.stat().st_size, hashlib.sha256(bogus.read_bytes()).hexdigest()
     lock.write_text(json.dumps(data))
     out = tmp_path / "tree"
-    out.mkdir()
-    (out / "old").write_text("previous tree\n")
+    with dir_replaced_atomically(out, "--out", tool=debian_fetch.EXTRACT_TOOL) as previous:
+        (previous / "old").write_text("previous tree\n")
     with pytest.raises(UserError, match="package hello: dpkg-deb -x failed"):
         debian_fetch.extract_set(lock, "tiny", out, cache_dir=tmp_path / "cache", mirrors=[])
-    assert [p.name for p in out.iterdir()] == ["old"] and leftovers(tmp_path, "tree") == []
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "old"] and leftovers(tmp_path, "tree") == []
 
 
 # Entry fields that would pass through to a tree, a file name or a Packages index: (field, value,
@@ -617,3 +618,22 @@ def test_the_checked_in_lock_is_consistent() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_extract_and_repo_refuse_a_users_directory_and_keep_it(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
+    """`extract --out DIR` replaced a directory of the user's whole. Refused now, in one line,
+    before any download; its own previous output is still replaced."""
+    lock, _ = deb_lock
+    users = tmp_path / "mine"
+    (users / ".git").mkdir(parents=True)
+    (users / "notes.txt").write_text("keep\n")
+    for call in (lambda: debian_fetch.extract_set(lock, "tiny", users, cache_dir=tmp_path / "cache", mirrors=[]),
+                 lambda: debian_fetch.local_repository(debian.load_set(lock, "tiny"), users,
+                                                       cache_dir=tmp_path / "cache", mirrors=[])):
+        with pytest.raises(UserError) as e:
+            call()
+        assert "exists, is not empty and holds files that tools.fetch.debian" in str(e.value)
+        assert sorted(p.name for p in users.iterdir()) == [".git", "notes.txt"]
+    assert not (tmp_path / "cache").exists()  # refused before any download
+    with pytest.raises(UserError, match="not a directory; pass a path under a directory"):
+        debian_fetch.extract_set(lock, "tiny", users / "notes.txt" / "out", cache_dir=tmp_path / "cache", mirrors=[])
