@@ -10,7 +10,7 @@ So tools/bazel gives Bazel each such variable with the userinfo of every URL rem
 and keeps the original values in a 0600 file in a private 0700 directory under the cache root
 (`<cache>/credentials/`), named by $KIMI_K3_CREDENTIALS_FILE and removed when the command ends.
 The path is the only thing Bazel sees. The tools that make the requests (tools.fetch,
-tools.pins.debian, the image push, the venv build's pip) call `restore()` first: each variable
+the Debian CLI, the image push, the venv build's pip) call `restore()` first: each variable
 they were given in its stripped form gets its original value back, in their own process only.
 """
 from __future__ import annotations

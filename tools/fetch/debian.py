@@ -1,7 +1,8 @@
 """Debian sets' .debs through the verified fetch: fetched into the cache (mirrors first, the
 lock's size as cap), copied into a mirror, unpacked into a tree, laid out as a flat apt repository;
-and the Debian CLI (`python3 -m tools.pins.debian`, which runs main() here: its lock commands are
+and the Debian CLI (`python3 -m tools.fetch.debian`, main() here: its lock commands are
 tools.pins.debian's, resolve, add-set, check-root, key, show; mirror, extract and repo are here).
+The CLI lives here, the higher of the two stages, so that no import points from pins to fetch.
 
 Each package is the file pin tools.pins.debian.DebPackage.pin gives (name `<set>/<package>`,
 mirror layout `<mirror>/<basename of the pool path>`). Standard library only: the repository
@@ -187,7 +188,7 @@ def add_fetch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The whole Debian CLI (`python3 -m tools.pins.debian` and `python3 -m tools.fetch.debian`)."""
+    """The whole Debian CLI (`python3 -m tools.fetch.debian`)."""
     args = debian.build_parser(add_fetch_commands).parse_args(argv)
     credentials.restore()  # the proxies' credentials, which tools/bazel keeps out of Bazel
     return int(args.func(args))

@@ -4,7 +4,7 @@ Usage:
     python3 -m tools.image.rootfs debian --out base.tar [--lock third_party/debian.lock.json]
             [--set image-base] [--repo DIR]
         The Debian rootfs tar of a set of the Debian lock: mmdebstrap whose only mirror is a local
-        repository of the set's verified .debs (--repo, from `python3 -m tools.pins.debian repo`,
+        repository of the set's verified .debs (--repo, from `python3 -m tools.fetch.debian repo`,
         else made here through tools.fetch: cache, mirrors, origin). Cached under
         ${KIMI_K3_CACHE:-~/.cache/kimi-k3-build}/rootfs/<set>-<key>.tar, the key from the set's
         package entries, re-hashed on every use; the root must hold exactly the set's packages.
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deb.add_argument("--out", required=True, type=Path)
     deb.add_argument("--lock", type=Path, default=debian.DEFAULT_LOCK)
     deb.add_argument("--set", default=DEFAULT_SET)
-    deb.add_argument("--repo", type=Path, help="local repository of the set (python3 -m tools.pins.debian repo)")
+    deb.add_argument("--repo", type=Path, help="local repository of the set (python3 -m tools.fetch.debian repo)")
     deb.add_argument("--source-date-epoch", default=None)
     deb.add_argument("--cache-root-file", type=Path,
                      help="file naming the cache root (Bazel actions have no $KIMI_K3_CACHE); default: the cache root")

@@ -128,7 +128,7 @@ def run_tool(argv: Sequence[str], nice: int, what: str, tc: Toolchain) -> float:
         if "unsupported GNU version" in proc.stderr and tc.userland is None:
             raise UserError(f"{what}: nvcc refuses this host compiler (e.g. gcc 16); compile with "
                             "the pinned compiler userland: --userland DIR (unpacked by `python3 -m "
-                            "tools.pins.debian extract --set kernel-userland --out DIR`)")
+                            "tools.fetch.debian extract --set kernel-userland --out DIR`)")
         raise UserError(f"{what}: compiler failed (exit {proc.returncode}); see output above")
     return time.monotonic() - t0
 

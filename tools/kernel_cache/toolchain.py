@@ -37,7 +37,7 @@ from tools.kernel_cache.tree import dir_digest
 
 # Written by tools/kernel_cache/private/toolchain_repos.bzl into the pinned CUDA root.
 CUDA_IDENTITY_FILE = "kimi-k3-toolchain.json"
-# Written by `python3 -m tools.pins.debian extract` into an unpacked Debian set.
+# Written by `python3 -m tools.fetch.debian extract` into an unpacked Debian set.
 USERLAND_IDENTITY_FILE = ".debian-set.json"
 # Written by `python3 -m tools.kernel_cache unpack-tvm-ffi` beside include/.
 TVM_FFI_IDENTITY_FILE = "kimi-k3-tvm-ffi.json"
@@ -252,7 +252,7 @@ def load_toolchain(cuda_home: str | None, userland: str | None = None,
         gxx = ul / "usr" / "bin" / f"g++-{USERLAND_GCC_MAJOR}"
         if not gxx.is_file():
             raise UserError(f"--userland {ul}: no usr/bin/g++-{USERLAND_GCC_MAJOR} there; unpack the "
-                            "Debian set with `python3 -m tools.pins.debian extract --set "
+                            "Debian set with `python3 -m tools.fetch.debian extract --set "
                             "kernel-userland --out DIR`")
         ul_ident = ul / USERLAND_IDENTITY_FILE
         ul_identity = _read_json(ul_ident, "userland") if ul_ident.is_file() else None

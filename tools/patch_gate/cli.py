@@ -13,7 +13,8 @@ import tools.patch_gate
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.hashing import sha256_file
 from tools.patch_gate import wheel as wheel_repack
-from tools.patch_gate.gate import GateInputs, GateResult, log, render_table, run_gate, write_remapped
+from tools.patch_gate.gate import log, render_table, run_gate, write_remapped
+from tools.patch_gate.result import GateInputs, GateResult
 from tools.patch_gate.gitapply import GitApply
 from tools.patch_gate.manifest import (build_manifest, check_manifest, install_manifest, print_drift,
                                        write_manifest)

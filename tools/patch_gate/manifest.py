@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsonfmt import review_json
-
-if TYPE_CHECKING:
-    from tools.patch_gate.gate import GateResult
+from tools.patch_gate.result import GateResult
 
 MANIFEST_SCHEMA_VERSION = 1
 

@@ -1,7 +1,7 @@
 """Debian package sets pinned like every other input: the lock third_party/debian.lock.json.
 
-`python3 -m tools.pins.debian COMMAND` (the lock's commands are here, the ones that fetch .debs
-in tools/fetch/debian.py):
+`python3 -m tools.fetch.debian COMMAND` (the lock's commands are here, the ones that fetch .debs
+in tools/fetch/debian.py, which is the CLI):
 
     resolve  --set NAME                         re-resolve a set from what the lock records for it
     add-set  NAME --suite S [--suite S2] --packages a,b [--exclude x=REASON,y --exclude-reason R]
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tools.common.errors import UserError, run_cli
+from tools.common.errors import UserError
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json, review_json
@@ -68,11 +68,11 @@ USER_AGENT = "kimi-k3-debian/1"
 
 
 def fill_command(set_name: str) -> str:
-    return f"python3 -m tools.pins.debian mirror DIR --set {set_name}"
+    return f"python3 -m tools.fetch.debian mirror DIR --set {set_name}"
 
 
 def resolve_command(set_name: str) -> str:
-    return f"python3 -m tools.pins.debian resolve --set {set_name}"
+    return f"python3 -m tools.fetch.debian resolve --set {set_name}"
 
 
 # --- versions (Debian Policy 5.6.12) ---------------------------------------------------------
@@ -576,7 +576,7 @@ def load_set(path: Path | str, name: str) -> DebSet:
     sets = load_sets(path)
     if name not in sets:
         raise UserError(f"Debian lock {path}: no set '{name}' (sets: {', '.join(sorted(sets)) or 'none'}); "
-                        "create it with `python3 -m tools.pins.debian add-set NAME --suite S --packages a,b`")
+                        "create it with `python3 -m tools.fetch.debian add-set NAME --suite S --packages a,b`")
     return sets[name]
 
 
@@ -697,9 +697,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 def build_parser(add_commands: Callable[[Any, argparse.ArgumentParser], None] | None = None
                  ) -> argparse.ArgumentParser:
     """The Debian CLI: the lock's commands (resolve, add-set, check-root, key, show) and, through
-    `add_commands(subparsers, common)`, the fetch stage's (mirror, extract, repo:
-    tools/fetch/debian.py, which passes them; `python3 -m tools.pins.debian` runs its CLI)."""
-    parser = argparse.ArgumentParser(prog="python3 -m tools.pins.debian", description=__doc__.split("\n\n")[0])
+    `add_commands(subparsers, common)`, the fetch stage's (mirror, extract, repo), which
+    tools/fetch/debian.py passes: `python3 -m tools.fetch.debian` is the CLI."""
+    parser = argparse.ArgumentParser(prog="python3 -m tools.fetch.debian", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--lock", default=str(DEFAULT_LOCK), help="Debian lock (default: %(default)s)")
     resolving = argparse.ArgumentParser(add_help=False)
@@ -740,10 +740,3 @@ def build_parser(add_commands: Callable[[Any, argparse.ArgumentParser], None] | 
     p.set_defaults(func=cmd_show)
     return parser
 
-
-if __name__ == "__main__":
-    # The entry point users and tools/bazel run: the whole Debian CLI, whose fetch commands live in
-    # the fetch stage. Only this guard looks up the stage order (an importer of tools.pins.debian
-    # never runs it); tests/cpu/common/test_stage_imports.py allows exactly this.
-    from tools.fetch.debian import main
-    sys.exit(run_cli(main))

@@ -1,14 +1,13 @@
-"""The stage order of docs/DESIGN.md holds in the code: no module of a stage imports a later one.
+"""The stage order of docs/DESIGN.md holds in the code: no module of a stage imports a later one,
+and no module imports one that imports it back (no circle, at any depth).
 
     common <- pins <- fetch <- patch_gate <- kernel_cache <- jit_cache <- image
 
 Every tools/**/*.py is parsed with ast (nothing is imported) and each `import tools.X...` /
-`from tools.X... import ...`, at module level or inside a function, is mapped to the stage it
-names. tools/bench and tools/gpu_suite time and run the stages, so they may import any of them;
-no stage may import them. The one exception is the body of a module-level `if __name__ ==
-"__main__":` guard: it runs only when the file is the program (`python3 -m tools.pins.debian`
-runs the Debian CLI, whose fetch commands live in tools/fetch), never for an importer, so it adds
-no arrow to the import graph.
+`from tools.X... import ...` is mapped to the stage and the module it names: at module level, inside
+a function, under TYPE_CHECKING or in a `__main__` guard alike (a function-level import that only
+dodges a circle is still an arrow). tools/bench and tools/gpu_suite time and run the stages, so
+they may import any of them; no stage may import them.
 """
 from __future__ import annotations
 
@@ -36,20 +35,13 @@ def stage_of(module: str) -> str | None:
     return parts[1]
 
 
-def _is_main_guard(node: ast.stmt) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
-            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == "__main__")
-
-
 def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
-    """(line, dotted name) of every tools module `path` imports, outside a `__main__` guard."""
+    """(line, dotted name) of every tools module `path` imports, wherever the import stands.
+    `from tools.a import b` names tools.a.b where that is a module, else tools.a."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    nodes = [n for top in tree.body if not _is_main_guard(top) for n in ast.walk(top)]
     found = []
-    for node in nodes:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -57,9 +49,75 @@ def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
             if node.level:  # relative: resolved against this module's package
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from tools import pins` names the package tools.pins, `from tools.pins import lock` a module.
-            found += [(node.lineno, f"{base}.{a.name}" if base == "tools" else base) for a in node.names]
+            found += [(node.lineno, f"{base}.{a.name}" if _is_module(path, module, f"{base}.{a.name}")
+                       else base) for a in node.names]
     return sorted({(line, name) for line, name in found if name == "tools" or name.startswith("tools.")})
+
+
+def _is_module(path: Path, module: str, name: str) -> bool:
+    """Whether dotted `name` is a module or package under the tools/ tree that holds `path`."""
+    root = path.parents[len(module.split(".")) - (0 if path.name == "__init__.py" else 1)]
+    rel = Path(*name.split("."))
+    return (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file()
+
+
+def _modules(tools_dir: Path) -> dict[str, Path]:
+    result = {}
+    for path in sorted(tools_dir.rglob("*.py")):
+        module = ".".join(path.relative_to(tools_dir.parent).with_suffix("").parts)
+        result[module.removesuffix(".__init__")] = path
+    return result
+
+
+def import_circles(tools_dir: Path) -> list[str]:
+    """Every circle of imports between tools modules, as `a.py -> b.py -> a.py` (the files)."""
+    modules = _modules(tools_dir)
+    graph = {m: sorted({name for _, name in imported_modules(p, m) if name in modules and name != m})
+             for m, p in modules.items()}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(_one_circle(sorted(component), graph))
+
+    for m in graph:
+        if m not in index:
+            visit(m)
+    rel = {m: str(p.relative_to(tools_dir.parent)) for m, p in modules.items()}
+    return sorted(" -> ".join(rel[m] for m in circle) for circle in circles)
+
+
+def _one_circle(component: list[str], graph: dict[str, list[str]]) -> list[str]:
+    """A path from the component's first module back to itself, inside the component."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in graph[v]:
+            if w == start:
+                return paths[v] + [start]
+            if w in members and w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    raise AssertionError(component)
 
 
 def upward_imports(tools_dir: Path) -> list[str]:
@@ -93,6 +151,10 @@ def test_no_stage_imports_a_later_one() -> None:
     assert upward_imports(TOOLS) == []
 
 
+def test_no_import_circle() -> None:
+    assert import_circles(TOOLS) == [], "give what both sides need one home below both"
+
+
 def _copy_tools(tmp_path: Path) -> Path:
     copy = tmp_path / "tools"
     shutil.copytree(TOOLS, copy, ignore=shutil.ignore_patterns("__pycache__", "*.bzl", "BUILD.bazel"))
@@ -104,7 +166,7 @@ def _copy_tools(tmp_path: Path) -> Path:
     ("def f():\n    from tools.fetch.cache import Cache\n",
      "tools/pins/lock.py:{line}: pins imports fetch (tools.fetch.cache)"),
     ("from tools import kernel_cache\n", "tools/pins/lock.py:{line}: pins imports kernel_cache (tools.kernel_cache)"),
-    ("from tools.gpu_suite import site\n", "tools/pins/lock.py:{line}: pins imports gpu_suite (tools.gpu_suite)"),
+    ("from tools.gpu_suite import site\n", "tools/pins/lock.py:{line}: pins imports gpu_suite (tools.gpu_suite.site)"),
 ], ids=["module-level", "in-a-function", "from-tools", "a-runner"])
 def test_a_planted_upward_import_is_named(tmp_path: Path, planted: str, expected: str) -> None:
     copy = _copy_tools(tmp_path)
@@ -115,14 +177,35 @@ def test_a_planted_upward_import_is_named(tmp_path: Path, planted: str, expected
     assert upward_imports(copy) == [expected.format(line=line)]
 
 
-def test_only_a_module_level_main_guard_is_exempt(tmp_path: Path) -> None:
+def test_a_main_guard_import_counts_too(tmp_path: Path) -> None:
     copy = _copy_tools(tmp_path)
     lock = copy / "pins" / "lock.py"
     text = lock.read_text()
     lock.write_text(text + 'if __name__ == "__main__":\n    from tools.fetch.cli import main\n')
-    assert upward_imports(copy) == []
-    lock.write_text(text + 'def run():\n    if __name__ == "__main__":\n        from tools.fetch.cli import main\n')
-    assert upward_imports(copy) == [f"tools/pins/lock.py:{text.count(chr(10)) + 3}: pins imports fetch (tools.fetch.cli)"]
+    assert upward_imports(copy) == [f"tools/pins/lock.py:{text.count(chr(10)) + 2}: pins imports fetch (tools.fetch.cli)"]
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ("if TYPE_CHECKING:\n    from tools.pins.pypi import Wheel\n",
+     "tools/pins/lock.py -> tools/pins/pypi.py -> tools/pins/lock.py"),
+    ("def f():\n    from tools.common import files\n",
+     None),
+], ids=["type-checking-within-a-stage", "no-circle"])
+def test_a_planted_circle_is_named_by_its_files(tmp_path: Path, planted: str, expected: str | None) -> None:
+    copy = _copy_tools(tmp_path)
+    lock = copy / "pins" / "lock.py"
+    lock.write_text(lock.read_text() + planted)
+    assert sorted(set(import_circles(copy)) - set(import_circles(TOOLS))) == ([expected] if expected else [])
+
+
+def test_a_circle_through_a_function_level_import_is_named(tmp_path: Path) -> None:
+    copy = _copy_tools(tmp_path)
+    files = copy / "common" / "files.py"
+    files.write_text(files.read_text() + "def f():\n    from tools.common import cache\n")
+    cache = copy / "common" / "cache.py"
+    cache.write_text(cache.read_text() + "from tools.common.files import MODE\n")
+    assert sorted(set(import_circles(copy)) - set(import_circles(TOOLS))) == [
+        "tools/common/cache.py -> tools/common/files.py -> tools/common/cache.py"]
 
 
 def test_a_package_outside_the_stage_order_is_named(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def test_a_root_that_is_not_exactly_the_set_is_refused(tmp_path: Path, env: dict
 
 def test_missing_deb_names_the_package_and_the_fill_command(tmp_path: Path, env: dict[str, Path]) -> None:
     (env["mirror"] / "python3_3.11.2-1_amd64.deb").unlink()
-    with pytest.raises(UserError, match=r"pin 'base/python3'.*python3 -m tools.pins.debian mirror DIR --set base"):
+    with pytest.raises(UserError, match=r"pin 'base/python3'.*python3 -m tools.fetch.debian mirror DIR --set base"):
         rootfs.debian_rootfs(tmp_path / "base.tar", env["lock"], "base", 1700000000)
     assert runs(env["log"]) == [] and not (tmp_path / "base.tar").exists()
 

@@ -39,7 +39,7 @@ from tools.common.jsonfmt import review_json
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.cli import EXIT_REFUSED
 from tools.patch_gate.cli import main as gate_main
-from tools.patch_gate.gate import STATE_APPLIES, STATE_EXCLUDED, STATE_UPSTREAM
+from tools.patch_gate.result import STATE_APPLIES, STATE_EXCLUDED, STATE_UPSTREAM
 from tools.patch_gate.patch import split_patch
 from tools.patch_gate.series import read_series, resolve_series
 

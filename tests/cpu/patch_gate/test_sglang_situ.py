@@ -34,7 +34,7 @@ from tests.cpu.conftest import artifact, stack_pin, stack_version
 from tools.common.errors import run_cli
 from tools.patch_gate import wheel as wheel_repack
 from tools.patch_gate.cli import main as gate_main
-from tools.patch_gate.gate import STATE_APPLIES
+from tools.patch_gate.result import STATE_APPLIES
 
 # absolute(), not resolve(): under Bazel the runfiles tree (with its declared data) is the root.
 ROOT = Path(__file__).absolute().parents[3]

@@ -1,5 +1,5 @@
 """tools/pins/debian.py (version order, the resolver, the lock) and tools/fetch/debian.py (fetch,
-mirror, extract and repo of .debs), through the one CLI `python3 -m tools.pins.debian`.
+mirror, extract and repo of .debs), through the one CLI `python3 -m tools.fetch.debian`.
 
 Everything is generated here (Packages indexes, an archive under file://, tiny .debs built with
 `dpkg-deb --build`): no network.
@@ -389,12 +389,12 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return lines[-1]
 
 
-def test_python_m_tools_pins_debian_runs_every_command(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
+def test_python_m_tools_fetch_debian_runs_every_command(tmp_path: Path, deb_lock: tuple[Path, Path]) -> None:
     """The command users and tools/bazel run keeps every subcommand, the fetch stage's included."""
     lock, _ = deb_lock
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("KIMI_K3_MIRROR", None)
-    cli = [sys.executable, "-m", "tools.pins.debian"]
+    cli = [sys.executable, "-m", "tools.fetch.debian"]
     helptext = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=env, check=True).stdout
     for command in ("resolve", "add-set", "mirror", "extract", "repo", "check-root", "key", "show"):
         assert command in helptext, command
@@ -422,7 +422,7 @@ def test_flipped_byte_in_the_mirror_is_a_one_line_error_and_nothing_is_written(
     err = one_line_error(capsys, ["extract", "--set", "tiny", "--out", str(tmp_path / "tree"), "--lock", str(lock),
                                   "--cache", str(tmp_path / "cache2"), "--mirror", str(mirror)])
     assert "pin 'tiny/libhello-dev'" in err and "sha256 mismatch" in err
-    assert "python3 -m tools.pins.debian mirror DIR --set tiny" in err
+    assert "python3 -m tools.fetch.debian mirror DIR --set tiny" in err
     assert not (tmp_path / "tree").exists() and leftovers(tmp_path, "tree") == []
     assert not any((tmp_path / "cache2" / "tmp").iterdir())
 
@@ -435,7 +435,7 @@ def test_missing_mirror_file_and_removed_version_name_the_package_and_the_fix(
     (pool / "pool/main/h/hello/hello_1.0-1_amd64.deb").unlink()  # Debian dropped the version
     err = one_line_error(capsys, ["extract", "--set", "tiny", "--out", str(tmp_path / "tree"), "--lock", str(lock),
                                   "--cache", str(tmp_path / "cache")])
-    assert "pin 'tiny/hello'" in err and "python3 -m tools.pins.debian mirror DIR --set tiny" in err
+    assert "pin 'tiny/hello'" in err and "python3 -m tools.fetch.debian mirror DIR --set tiny" in err
     assert not (tmp_path / "tree").exists() and leftovers(tmp_path, "tree") == []
     err = one_line_error(capsys, ["mirror", str(tmp_path / "m2"), "--set", "tiny", "--lock", str(lock),
                                   "--cache", str(tmp_path / "cache"), "--mirror", str(mirror)])
@@ -476,7 +476,7 @@ BAD_ENTRIES = {
     "filename-empty-part": ("filename", "pool//hello_1.0-1_amd64.deb", "filename 'pool//hello_1.0-1_amd64.deb' is not"),
     "filename-tab": ("filename", "pool/main/h/hello/hello\t1.0-1_amd64.deb", "filename 'pool/main/h/hello/hello\\t1.0"),
 }
-RESOLVE_FIX = "fix the entry or re-resolve with `python3 -m tools.pins.debian resolve --set tiny`"
+RESOLVE_FIX = "fix the entry or re-resolve with `python3 -m tools.fetch.debian resolve --set tiny`"
 
 
 def break_first_entry(lock: Path, field: str, value: str) -> None:
@@ -596,8 +596,8 @@ def test_a_version_gone_from_the_pool_says_re_resolve_or_mirror(tmp_path: Path, 
     err = one_line_error(capsys, ["extract", "--set", "tiny", "--out", str(tmp_path / "tree"), "--lock", str(lock),
                                   "--cache", str(tmp_path / "cache")])
     assert "pin 'tiny/hello'" in err and "HTTP 404" in err
-    assert "the origin no longer has it: re-resolve with `python3 -m tools.pins.debian resolve --set tiny`" in err
-    assert "`python3 -m tools.pins.debian mirror DIR --set tiny`" in err
+    assert "the origin no longer has it: re-resolve with `python3 -m tools.fetch.debian resolve --set tiny`" in err
+    assert "`python3 -m tools.fetch.debian mirror DIR --set tiny`" in err
     assert not (tmp_path / "tree").exists()
 
 

@@ -9,7 +9,7 @@
   @kimi_cxx_userland   the host C++ compiler nvcc drives and the C library it compiles against:
                        Debian bookworm's g++-12, binutils, libc6-dev and libpython3.11-dev headers,
                        unpacked from the .debs of third_party/debian.lock.json set
-                       "kernel-userland" by `python3 -m tools.pins.debian extract` (verified like
+                       "kernel-userland" by `python3 -m tools.fetch.debian extract` (verified like
                        every pin). Used through --sysroot, never chrooted into.
 
 Both are plain inputs of the compile and link actions (filegroups of every file), so the actions
@@ -105,7 +105,7 @@ def _cxx_userland_impl(rctx):
     watch_python_sources(rctx, _DEBIAN_TOOL_PACKAGES)
     rctx.report_progress("unpacking Debian set %s" % rctx.attr.set)
     res = rctx.execute(
-        [tool_python(rctx), "-m", "tools.pins.debian", "extract", "--lock", str(lock), "--set", rctx.attr.set, "--out", "root"],
+        [tool_python(rctx), "-m", "tools.fetch.debian", "extract", "--lock", str(lock), "--set", rctx.attr.set, "--out", "root"],
         environment = tool_env(rctx),
         timeout = 3600,
         quiet = False,

@@ -28,7 +28,7 @@ re-fetches that pin alone. The hub repository `@pins` has:
 The `debian` extension does the same for third_party/debian.lock.json: one lazily fetched
 repository per set,
 `@debian_<set>` (dashes as underscores), holding the set's own entry as a one-set lock and a flat
-apt repository of its verified .debs (`python3 -m tools.pins.debian repo`):
+apt repository of its verified .debs (`python3 -m tools.fetch.debian repo`):
   //:lock              set.lock.json (only this set: editing another set re-fetches nothing here)
   //:repo              repo/Packages and the .debs (mmdebstrap's only mirror, tools/image/rootfs.py)
   //:cache_root        the artifact cache root ($KIMI_K3_CACHE when fetched), for actions
@@ -181,12 +181,12 @@ def _debian_set_impl(rctx):
     python = tool_python(rctx)
     rctx.file("set.lock.json", rctx.attr.set_json)
     watch_python_sources(rctx)
-    args = [python, "-m", "tools.pins.debian", "repo", "--lock", "set.lock.json", "--set", rctx.attr.set, "--out", "repo"]
+    args = [python, "-m", "tools.fetch.debian", "repo", "--lock", "set.lock.json", "--set", rctx.attr.set, "--out", "repo"]
     env = tool_env(rctx)
     rctx.report_progress("fetching the .debs of Debian set %s" % rctx.attr.set)
     res = rctx.execute(args, environment = env, timeout = 7200, quiet = False)
     if res.return_code != 0:
-        # tools.pins.debian prints a one-line `error: ...` naming the package and the fix.
+        # tools.fetch.debian prints a one-line `error: ...` naming the package and the fix.
         fail("Debian set '%s': %s" % (rctx.attr.set, (res.stderr.strip().splitlines() or ["fetch failed"])[-1]))
     # Actions run without the user's environment: the cache root they keep derived files under
     # (the rootfs tars) is recorded here, from the one function that defines it.
