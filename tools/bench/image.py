@@ -24,6 +24,7 @@ from typing import Sequence
 from tools.image import layout as oci_image
 
 from tools.image import layer as oci_layer
+from tools.image import layer_tar
 
 from tools.image import push as oci_push
 
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.base_tar and not args.base_layout:
         raise UserError("--base-tar/--base-layout: give the base (tools/image/rootfs.py debian or pull)")
-    oci_layer.source_date_epoch()
+    layer_tar.source_date_epoch()
     args.work.mkdir(parents=True, exist_ok=True)
     sbom_file = args.work / "sbom.spdx.json"
     sbom.main(["--lock", str(args.lock), "--stack", args.stack, "--out", str(sbom_file),

@@ -41,7 +41,7 @@ def image_inputs() -> tuple[Path, list[Path]]:
 
 
 def run_bench(heads: list[int], batches: list[list[int]], keep: Path | None) -> int:
-    from tools.image.layer import SITE_PACKAGES
+    from tools.image.wheel_install import SITE_PACKAGES
     from tools.jit_cache.sglang_aot import ImagePython
     from tools.jit_cache.triton_aot import DEVICES, run_calls
 

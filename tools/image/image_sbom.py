@@ -40,7 +40,8 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json
-from tools.image.layer import open_layer_blob, source_date_epoch
+from tools.image.compression import open_layer_blob
+from tools.image.layer_tar import source_date_epoch
 from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, rfc3339
 from tools.image.sbom import read_gate_manifest, spdx_id
 from tools.pins import debian

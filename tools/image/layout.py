@@ -29,7 +29,8 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
-from tools.image.layer import MEDIA_TYPES, source_date_epoch
+from tools.image.compression import MEDIA_TYPES
+from tools.image.layer_tar import source_date_epoch
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"

@@ -563,7 +563,7 @@ def image_layers(layout: Path) -> list[tuple[str, str, int]]:
 
 def layer_json(layout: Path, digest: str, path: str) -> dict | None:
     """The JSON file at `path` (a suffix of its path in the image) in the layer blob `digest`."""
-    from tools.image.layer import open_layer_blob
+    from tools.image.compression import open_layer_blob
     with open_layer_blob(blob_path(layout, digest)) as tar:
         for member in tar:
             if member.isfile() and member.name.lstrip("./").endswith(path):

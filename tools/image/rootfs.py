@@ -39,7 +39,8 @@ from tools.common.files import check_replaceable_dir, replace_dir, temp_dir_sibl
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.jsonfmt import canonical_json
 from tools.fetch.debian import local_repository
-from tools.image.layer import SITE_PACKAGES, source_date_epoch
+from tools.image.layer_tar import source_date_epoch
+from tools.image.wheel_install import SITE_PACKAGES
 from tools.pins import debian
 
 DEFAULT_SET = "image-base"

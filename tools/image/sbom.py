@@ -31,7 +31,7 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json
-from tools.image.layer import source_date_epoch
+from tools.image.layer_tar import source_date_epoch
 from tools.image.layout import rfc3339
 from tools.pins import debian
 from tools.pins import lock as lockfile

@@ -55,7 +55,7 @@ from tools.common.errors import UserError, run_cli
 from tools.common.hashing import sha256_file
 from tools.image import profile_probe, profiles
 from tools.image.layout import blob_path, config_env, read_index_manifest
-from tools.image.layer import SITE_PACKAGES
+from tools.image.wheel_install import SITE_PACKAGES
 from tools.jit_cache.inventory import read_inventory
 
 # launch_profiles: "*" = every launch profile the image ships.

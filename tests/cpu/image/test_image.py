@@ -37,6 +37,8 @@ from tests.cpu.image.registry_fixtures import isolated_env, registry  # noqa: F4
 
 from tools.common.errors import UserError
 from tools.image import layer as oci_layer
+from tools.image import compression
+from tools.image.layer_tar import source_date_epoch
 from tools.image import layout as oci_image
 from tools.image import push as oci_push
 from tools.image import rootfs
@@ -71,7 +73,7 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 def layer_tar(blob: Path) -> tarfile.TarFile:
     """The tar inside a layer blob (any encoding), for random access."""
     with open(blob, "rb") as raw:
-        return tarfile.open(fileobj=io.BytesIO(oci_layer.decompressed(raw).read()))
+        return tarfile.open(fileobj=io.BytesIO(compression.decompressed(raw).read()))
 
 
 def build_layer(out_dir: Path, name: str, **sources: list[str]) -> tuple[Path, Path]:
@@ -249,7 +251,7 @@ def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
     d1, b1 = build_layer(tmp_path / "o1", "w", wheel=[str(wheel)])
     d2, b2 = build_layer(tmp_path / "o2", "w", wheel=[str(wheel)])
     assert b1.read_bytes() == b2.read_bytes()
-    with oci_layer.open_layer_blob(b1) as tf:
+    with compression.open_layer_blob(b1) as tf:
         names, script = [], b""
         for m in tf:
             names.append(m.name)
@@ -260,7 +262,7 @@ def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
     assert not [n for n in names if n.endswith(".pyc")], "no host byte-code in layers"
     assert script.startswith(b"#!/usr/bin/python3\n")
     with open(b1, "rb") as raw:
-        assert str(tmp_path).encode() not in oci_layer.decompressed(raw).read(), "no build path leaks into the layer"
+        assert str(tmp_path).encode() not in compression.decompressed(raw).read(), "no build path leaks into the layer"
 
 
 def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
@@ -309,7 +311,7 @@ def test_real_flashinfer_wheel_layer_is_reproducible(tmp_path: Path) -> None:
 
 def test_layer_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="SOURCE_DATE_EPOCH"):
-        oci_layer.source_date_epoch("yesterday")
+        source_date_epoch("yesterday")
     with pytest.raises(UserError, match="not a directory"):
         build_layer(tmp_path, "x", tree=[f"/={tmp_path / 'missing'}"])
     with pytest.raises(UserError, match=r"\.\."):

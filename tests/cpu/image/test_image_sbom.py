@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.image.layer import open_layer_blob
+from tools.image.compression import open_layer_blob
 from tools.image.layout import blob_path, read_index_manifest
 from tools.pins import debian
 from tools.pins.pypi import normalize

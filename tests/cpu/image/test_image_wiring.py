@@ -22,6 +22,7 @@ import pytest
 from tests.cpu.conftest import env_path
 
 from tools.image import layer as oci_layer
+from tools.image import compression
 from tools.image.sbom import spdx_id
 
 SITE = "usr/local/lib/python3.11/dist-packages"
@@ -37,7 +38,7 @@ def layer_blob(var: str) -> Path:
 
 
 def layer_members(var: str) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
-    with open(layer_blob(var), "rb") as raw, tarfile.open(fileobj=io.BytesIO(oci_layer.decompressed(raw).read())) as tf:
+    with open(layer_blob(var), "rb") as raw, tarfile.open(fileobj=io.BytesIO(compression.decompressed(raw).read())) as tf:
         return {m.name: (m, tf.extractfile(m).read() if m.isfile() else None) for m in tf.getmembers()}
 
 

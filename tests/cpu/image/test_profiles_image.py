@@ -27,7 +27,7 @@ from tests.cpu.conftest import env_path
 
 from tools.image import profiles
 from tools.image import smoke
-from tools.image.layer import SITE_PACKAGES
+from tools.image.wheel_install import SITE_PACKAGES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]

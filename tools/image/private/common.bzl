@@ -2,7 +2,7 @@
 a tool module as an action."""
 
 # Every image action runs unsandboxed: the tools read input trees with lstat (symlinks are kept
-# as symlinks in a layer, see tools/image/layer.py), so a sandbox's symlink forest would leak
+# as symlinks in a layer, see tools/image/layer_contents.py), so a sandbox's symlink forest would leak
 # into the layer; and the inputs are GBs of wheels, which a sandbox only slows down. no-remote:
 # GB-sized blobs that a remote cache would only shuttle back and forth.
 LOCAL = {"no-sandbox": "1", "no-remote": "1"}
