@@ -319,6 +319,32 @@ def test_a_secret_others_can_read_is_refused_naming_the_chmod(tmp_path: Path) ->
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
 
 
+@pytest.mark.parametrize("key_source", ["flags", "local"])
+def test_push_refuses_a_readable_secret_before_a_registry_starts(key_source: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    sbom = tmp_path / "image.spdx.json"
+    sbom.write_text('{"spdxVersion":"SPDX-2.3","packages":[]}\n')
+    argv = ["--layout", str(layout), "--sbom", str(sbom), "--stack", "tiny", "--workspace", str(tmp_path),
+            "--lock", str(REPO_ROOT / "third_party" / "pins.lock.json")]
+    if key_source == "flags":
+        k1 = key_pair(tmp_path, "k1")
+        k1.key.chmod(0o644)
+        argv += ["--sign-key", str(k1.key), "--sign-passphrase-file", str(k1.passphrase_file)]
+        readable = k1.key
+    else:  # the local key under the cache root, its passphrase made readable since it was generated
+        _, readable, _ = signing.local_key()
+        readable.chmod(0o644)
+    capsys.readouterr()
+    try:
+        with pytest.raises(UserError, match=re.escape(f"chmod 600 {readable}")):
+            oci_push.main(argv)
+    finally:
+        oci_push.stop_local_registry()  # in case one was started
+    assert "started local registry" not in capsys.readouterr().err
+    assert not (tmp_path / "cache" / "registry" / "state.json").exists()
+
+
 def test_generate_under_a_regular_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     passphrase = tmp_path / "pass"
     passphrase.write_text("secret\n")
