@@ -191,6 +191,34 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
     assert set(checks) == set(ALL_OK)
 
 
+def test_verify_reports_a_malformed_provenance_as_present(tmp_path: Path, registry: oci_push.RegistryProcess,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An .att artifact that is there but holds no DSSE envelope is named as such, not as missing;
+    a push replaces it."""
+    k1 = key_pair(tmp_path, "k1")
+    digest = _push_signed(tmp_path, registry, "a", "A = 1\n", k1)
+    repo = oci_push.Repository(registry.host, PATH)
+    registry_ = attest.Registry(repo, oci_push.Credentials(None, None, "none"), tmp_path)
+    tag = attest.attachment_tag(digest, "att")
+    malformed = {"not JSON": (attest.DSSE_MEDIA_TYPE, b"not json"),
+                 "a JSON list": (attest.DSSE_MEDIA_TYPE, b"[]"),
+                 "not the envelope's shape": (attest.DSSE_MEDIA_TYPE, b'{"payload": 1}'),
+                 "no envelope layer": ("text/plain", b"{}")}
+    lines = {}
+    for i, (name, (media_type, data)) in enumerate(malformed.items()):
+        attest.write_artifact(tmp_path / f"fake{i}", media_type, data)
+        registry_.push_artifact(tmp_path / f"fake{i}", tag)
+        capsys.readouterr()
+        assert verify.verify(f"{registry.host}/{PATH}:v1", k1.public_key_path, checkout(tmp_path)) == 1
+        lines[name] = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["provenance"])
+    for name, line in lines.items():
+        assert line.startswith(f"FAIL provenance {repo}:{tag}: present but malformed ("), (name, line)
+        assert "missing" not in line, (name, line)
+    oci_push.push(tmp_path / "a" / "layout", repo, ["v1"], attestations=attestations(tmp_path / "a", k1))
+    capsys.readouterr()
+    assert run_verify(f"{registry.host}/{PATH}:v1", k1.public_key_path, checkout(tmp_path), capsys) == (0, ALL_OK)
+
+
 def test_verify_refuses_a_digest_the_registry_does_not_serve(tmp_path: Path, registry: oci_push.RegistryProcess,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     k1 = key_pair(tmp_path, "k1")
