@@ -1,8 +1,10 @@
 """Atomic writes: a temp sibling in the same directory, then os.replace, so a reader (or a
 killed run) never sees half a file. Files come out 0644: mkstemp's 0600 would otherwise leak into
-committed files (manifests, plans) and image layers. Directories the same way: built in a temp
-sibling (0755, not mkdtemp's 0700), then swapped into place by replace_dir, the one helper every
-stage uses for it; it replaces only an empty directory or a previous output of the same tool
+committed files (manifests, plans) and image layers; a secret is written with mode=PRIVATE_MODE
+(0600 from its creation, never readable by others for a moment) and read only from a file
+require_owner_only accepts. Directories the same way: built in a temp sibling (0755, not
+mkdtemp's 0700), then swapped into place by replace_dir, the one helper every stage uses for it;
+it replaces only an empty directory or a previous output of the same tool
 (check_replaceable_dir), so no command deletes what it did not write."""
 from __future__ import annotations
 
@@ -21,21 +23,23 @@ from typing import Iterator
 from tools.common.errors import UserError
 
 MODE = 0o644
+PRIVATE_MODE = 0o600
 DIR_MODE = 0o755
 
 
-def temp_sibling(path: Path, suffix: str = ".tmp") -> Path:
-    """A new empty 0644 file beside `path` for the caller to fill and os.replace onto it."""
+def temp_sibling(path: Path, suffix: str = ".tmp", mode: int = MODE) -> Path:
+    """A new empty file (0644, or `mode`) beside `path` for the caller to fill and os.replace onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.fchmod(fd, MODE)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)  # created 0600
+    os.fchmod(fd, mode)
     os.close(fd)
     return Path(tmp)
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
-    """Write `data` to `path` all at once or not at all (fsync: also survive a power loss)."""
-    tmp = temp_sibling(path)
+def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False, mode: int = MODE) -> None:
+    """Write `data` to `path` all at once or not at all (fsync: also survive a power loss); the
+    file has `mode` from its creation on (PRIVATE_MODE for a secret)."""
+    tmp = temp_sibling(path, mode=mode)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -50,6 +54,19 @@ def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
 
 def write_text_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), fsync=fsync)
+
+
+def require_owner_only(path: Path, what: str) -> None:
+    """A secret (a private key, a passphrase) is read only from a file no one but its owner can
+    read or change: group or other bits are refused with the chmod that fixes them. A link is
+    judged by its target (os.stat), whose mode is what guards the secret."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError as e:
+        raise UserError(f"{what} {path}: unreadable ({e.strerror}); pass an existing file") from None
+    if mode & 0o077:
+        raise UserError(f"{what} {path}: mode {mode:04o} lets other users read or change a secret; "
+                        f"make it the owner's only: chmod 600 {path}")
 
 
 def set_tree_writable(root: Path, writable: bool) -> None:

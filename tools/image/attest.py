@@ -270,14 +270,23 @@ def sigstore_signed_by(layers: Sequence[tuple[dict[str, Any], bytes]], digest: s
 
 
 def provenance_envelope(layers: Sequence[tuple[dict[str, Any], bytes]] | None) -> dict[str, Any] | None:
-    for desc, data in layers or ():
+    """The DSSE envelope of an .att artifact's layers; None when there is no artifact; ValueError
+    naming the layer when there is one but it holds no envelope (no such layer, not JSON, not the
+    envelope's shape): present but malformed, which is not the same as missing."""
+    if layers is None:
+        return None
+    for desc, data in layers:
         if desc.get("mediaType") == DSSE_MEDIA_TYPE:
             try:
                 envelope = json.loads(data)
             except ValueError:
-                return None
-            return envelope if isinstance(envelope, dict) else None
-    return None
+                raise ValueError(f"layer {desc.get('digest')} is not JSON") from None
+            try:
+                signing.dsse_envelope(envelope)
+            except ValueError as e:
+                raise ValueError(f"layer {desc.get('digest')}: {e}") from None
+            return envelope
+    raise ValueError(f"no {DSSE_MEDIA_TYPE} layer among its {len(layers)}")
 
 
 @dataclass(frozen=True)
@@ -317,10 +326,10 @@ def attach(registry: Registry, digest: str, sbom: bytes, statement: Mapping[str,
 
     payload = canonical_json(statement)
     tag = attachment_tag(digest, PROVENANCE)
-    envelope = provenance_envelope(registry.pull_artifact(tag))
     try:
+        envelope = provenance_envelope(registry.pull_artifact(tag))
         kept = envelope is not None and signing.dsse_open(envelope, public_key, IN_TOTO_PAYLOAD_TYPE) == payload
-    except ValueError:
+    except ValueError:  # malformed, or not this statement by this key: replaced
         kept = False
     if kept:
         uploaded[PROVENANCE] = (0, 0)

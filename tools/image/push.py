@@ -24,7 +24,12 @@ No --repository: a local registry (Debian's docker-registry) on 127.0.0.1 with s
 ${KIMI_K3_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kimi-k3-build}/registry is reused or started, and
 left running so the image can be pulled afterwards; `--stop-local-registry` stops it. Starting
 and stopping hold a lock beside the storage (registry/registry.lock), so concurrent pushes share
-one registry.
+one registry; and pushes of one repository to it take turns, each holding
+registry/locks/<repository>.lock from its first probe to its last tag (docker-registry 2.8 rewrites
+a repository's link files in place: see local_push_lock). Pushes to another registry take no lock.
+
+Signing keys are checked before anything else: a key or passphrase file others can read, a
+malformed key, a wrong passphrase stop the push before a registry starts or a blob is uploaded.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -401,6 +406,39 @@ def _registry_lock(root: Path) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def local_push_lock(root: Path, repo: Repository) -> Iterator[None]:
+    """One push of `repo` at a time to the local registry whose storage is under `root`, for the
+    whole probe, upload, attachments and tags. docker-registry 2.8's filesystem storage rewrites a
+    repository's link files in place (truncate, then write): a push reading a manifest or tag back
+    while another push of the same repository rewrote that link read a cut digest (HTTP 500
+    "invalid checksum digest format"). A push that must wait says so, naming the holder's pid
+    (written into the lock file). Lock files stay: deleting one would race a waiter."""
+    path = root / "locks" / f"{repo.path.replace('/', '+')}.lock"  # '+' is in no repository path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            print(f"[oci_push] waiting for another push of {repo} (pid {holder})", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def local_registry_root(repo: Repository) -> Path | None:
+    """The local registry's root when --repository names it (its pushes take turns too), else None."""
+    root = cache_root() / "registry"
+    recorded = _recorded_registry(root)
+    if recorded and repo.host in (f"127.0.0.1:{recorded[1]}", f"localhost:{recorded[1]}"):
+        return root
+    return None
+
+
 def _recorded_registry(root: Path) -> tuple[int, int] | None:
     try:
         info = json.loads((root / "state.json").read_text())
@@ -482,7 +520,9 @@ class Attestations:
 
 
 def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None,
-         attestations: Attestations | None = None) -> PushResult:
+         attestations: Attestations | None = None, local_root: Path | None = None) -> PushResult:
+    """local_root: the storage root of the local registry `repo` is on (local_registry()), whose
+    pushes of one repository take turns (local_push_lock); None for any other registry."""
     for t in tag_names:
         if not _TAG_RE.match(t):
             raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
@@ -490,7 +530,8 @@ def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Pat
     if attestations is not None:
         from tools.image import attest
         attest.signer_keys(attestations.signer)  # a bad key stops the push before any upload
-    with tempfile.TemporaryDirectory(prefix="kimi-k3-push.") as tmp:
+    turn = local_push_lock(local_root, repo) if local_root is not None else nullcontext()
+    with tempfile.TemporaryDirectory(prefix="kimi-k3-push.") as tmp, turn:
         creds = resolve_credentials(repo, authfile, Path(tmp))
         client = RegistryClient(repo, creds)
         try:
@@ -517,18 +558,23 @@ def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Pat
                           attestations.statement(manifest_digest), attestations.signer,
                           lambda line: print(line, file=sys.stderr),
                           attestations.sbom_cyclonedx.read_bytes() if attestations.sbom_cyclonedx else None)
-        for t in tag_names:
-            run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "src-tls-verify"),
-                        *tls_args(repo, "dest-tls-verify"), *auth_args(creds, "src-authfile"),
-                        *auth_args(creds, "dest-authfile"), repo.ref("@" + manifest_digest), repo.ref(":" + t)],
-                       repo, creds, f"tagging {t}")
-            if remote_manifest_digest(repo, ":" + t, creds) != manifest_digest:
-                raise UserError(f"{repo}:{t}: tag does not point at {manifest_digest} after tagging; "
-                                "someone else pushed the tag concurrently; rerun")
+        write_tags(repo, creds, manifest_digest, tag_names)
     return PushResult(reference=f"{repo}@{manifest_digest}", manifest_digest=manifest_digest,
                       config_digest=config_digest, index_digest=index_digest, blobs_total=len(blobs),
                       blobs_uploaded=len(missing) if known else None, bytes_uploaded=bytes_up,
                       tags=tuple(tag_names))
+
+
+def write_tags(repo: Repository, creds: Credentials, manifest_digest: str, tag_names: Sequence[str]) -> None:
+    """Each tag onto the pushed digest, read back."""
+    for t in tag_names:
+        run_skopeo(["copy", "--preserve-digests", *tls_args(repo, "src-tls-verify"),
+                    *tls_args(repo, "dest-tls-verify"), *auth_args(creds, "src-authfile"),
+                    *auth_args(creds, "dest-authfile"), repo.ref("@" + manifest_digest), repo.ref(":" + t)],
+                   repo, creds, f"tagging {t}")
+        if remote_manifest_digest(repo, ":" + t, creds) != manifest_digest:
+            raise UserError(f"{repo}:{t}: tag does not point at {manifest_digest} after tagging; "
+                            "someone else pushed the tag concurrently; rerun")
 
 
 def print_result(r: PushResult) -> None:
@@ -622,7 +668,7 @@ def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
     if args.sbom is None:
         return None
     from tools.common.cliargs import named_paths
-    from tools.image import attest, signing
+    from tools.image import attest
     from tools.pins import lock as lockfile
 
     for flag, path in (("--sbom", args.sbom), ("--sbom-cyclonedx", args.sbom_cyclonedx)):
@@ -630,18 +676,7 @@ def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
             raise UserError(f"{flag} {path}: no such file; pass the image SBOM (//image:image_sbom)")
     if not args.stack or args.lock is None:
         raise UserError("--sbom needs --stack and --lock (the provenance records them)")
-    key = args.sign_key or (Path(os.environ[SIGN_KEY_ENV]) if os.environ.get(SIGN_KEY_ENV) else None)
-    passphrase = args.sign_passphrase_file or (
-        Path(os.environ[SIGN_PASSPHRASE_ENV]) if os.environ.get(SIGN_PASSPHRASE_ENV) else None)
-    if key is None and passphrase is None:
-        key, passphrase, public = signing.local_key()
-    elif key is None or passphrase is None:
-        raise UserError(f"--sign-key and --sign-passphrase-file (${SIGN_KEY_ENV}, ${SIGN_PASSPHRASE_ENV}) go "
-                        "together: pass both, or neither for the local key")
-    else:
-        public = Path(str(key).removesuffix(signing.PRIVATE_SUFFIX) + signing.PUBLIC_SUFFIX)
-        if not public.is_file():
-            raise UserError(f"--sign-key {key}: no {public.name} beside it; keep the key pair together")
+    signer = signer_from_args(args)
     locks = dict(named_paths(args.provenance_lock, "--provenance-lock", form="WORKSPACE_PATH=FILE"))
     gates = dict(named_paths(args.gate_manifest, "--gate-manifest"))
     lock = lockfile.load(args.lock)
@@ -654,7 +689,30 @@ def attestations_from_args(args: argparse.Namespace) -> Attestations | None:
                                            kernel_selection=selection, locks=locks,
                                            toolchain_pins=attest.toolchain_pins(lock), gate_manifests=gates,
                                            sbom=args.sbom, source=source, sbom_cyclonedx=args.sbom_cyclonedx)
-    return Attestations(args.sbom, statement, attest.Signer(key, passphrase, public), args.sbom_cyclonedx)
+    return Attestations(args.sbom, statement, signer, args.sbom_cyclonedx)
+
+
+def signer_from_args(args: argparse.Namespace) -> "attest.Signer":
+    """The key pair and passphrase file of the flags, else of the environment, else the local key;
+    checked here, before a registry starts: a secret others can read, a malformed key, a wrong
+    passphrase, a mixed-up pair."""
+    from tools.image import attest, signing
+
+    key = args.sign_key or (Path(os.environ[SIGN_KEY_ENV]) if os.environ.get(SIGN_KEY_ENV) else None)
+    passphrase = args.sign_passphrase_file or (
+        Path(os.environ[SIGN_PASSPHRASE_ENV]) if os.environ.get(SIGN_PASSPHRASE_ENV) else None)
+    if key is None and passphrase is None:
+        key, passphrase, public = signing.local_key()
+    elif key is None or passphrase is None:
+        raise UserError(f"--sign-key and --sign-passphrase-file (${SIGN_KEY_ENV}, ${SIGN_PASSPHRASE_ENV}) go "
+                        "together: pass both, or neither for the local key")
+    else:
+        public = Path(str(key).removesuffix(signing.PRIVATE_SUFFIX) + signing.PUBLIC_SUFFIX)
+        if not public.is_file():
+            raise UserError(f"--sign-key {key}: no {public.name} beside it; keep the key pair together")
+    signer = attest.Signer(key, passphrase, public)
+    attest.signer_keys(signer)
+    return signer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -684,12 +742,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop_local_registry()
     if args.layout is None:
         raise UserError("--layout: required; pass the OCI layout directory to push")
+    attestations = attestations_from_args(args)  # its keys are checked before a registry starts
     if args.repository:
         repo = parse_repository(args.repository)
+        local_root = local_registry_root(repo)
     else:
         reg = local_registry()
-        repo = Repository(reg.host, default_repository_path(args.layout))
-    print_result(push(args.layout, repo, args.tag, args.authfile, attestations_from_args(args)))
+        repo, local_root = Repository(reg.host, default_repository_path(args.layout)), reg.root
+    print_result(push(args.layout, repo, args.tag, args.authfile, attestations, local_root))
     print_contents(args.layout)
     return 0
 

@@ -99,14 +99,27 @@ def check_signature_and_blobs(registry: attest.Registry, digest: str, public_key
         shutil.rmtree(work, ignore_errors=True)
 
 
+def provenance_envelope(registry: attest.Registry, tag: str, report: Report) -> dict[str, Any] | None:
+    """The envelope at REPO:tag; None, reported, when the tag is missing or holds no envelope."""
+    try:
+        envelope = attest.provenance_envelope(registry.pull_artifact(tag))
+    except ValueError as e:
+        report.fail("provenance", f"{registry.repo}:{tag}: present but malformed ({e}); push the image with its "
+                                  "attachments again to replace it (tools/bazel run //image:push)")
+        report.fail("locks", "not checked: no provenance")
+        return None
+    if envelope is None:
+        report.fail("provenance", f"{registry.repo}:{tag}: missing (no artifact under this tag); push the image "
+                                  "with its attachments (tools/bazel run //image:push)")
+        report.fail("locks", "not checked: no provenance")
+    return envelope
+
+
 def check_provenance(registry: attest.Registry, digest: str, public_key: Path, checkout: Path,
                      report: Report) -> dict[str, Any] | None:
     tag = attest.attachment_tag(digest, attest.PROVENANCE)
-    envelope = attest.provenance_envelope(registry.pull_artifact(tag))
+    envelope = provenance_envelope(registry, tag, report)
     if envelope is None:
-        report.fail("provenance", f"{registry.repo}:{tag}: missing (no DSSE envelope there); push the image "
-                                  "with its attachments (tools/bazel run //image:push)")
-        report.fail("locks", "not checked: no provenance")
         return None
     try:
         statement = json.loads(signing.dsse_open(envelope, signing.load_public_key(public_key),

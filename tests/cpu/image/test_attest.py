@@ -7,19 +7,22 @@ inside the layers, and the real image's SBOM has its own test (test_image_sbom.p
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.cpu.image.registry_fixtures import isolated_env, registry  # noqa: F401 (fixtures)
-from tools.common.errors import UserError
+from tools.common.errors import UserError, run_cli
 from tools.image import attest, signing, verify
 from tools.image import image_sbom
 from tools.image import layer as oci_layer
@@ -46,6 +49,7 @@ def tiny_layout(work: Path, text: str) -> Path:
 def key_pair(tmp_path: Path, name: str) -> attest.Signer:
     passphrase = tmp_path / f"{name}.passphrase"
     passphrase.write_text(f"passphrase of {name}\n")
+    passphrase.chmod(0o600)  # a secret is read only from a file no one else can read
     private, public = signing.generate(tmp_path / "keys" / name, passphrase)
     return attest.Signer(private, passphrase, public)
 
@@ -187,6 +191,34 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
     assert set(checks) == set(ALL_OK)
 
 
+def test_verify_reports_a_malformed_provenance_as_present(tmp_path: Path, registry: oci_push.RegistryProcess,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An .att artifact that is there but holds no DSSE envelope is named as such, not as missing;
+    a push replaces it."""
+    k1 = key_pair(tmp_path, "k1")
+    digest = _push_signed(tmp_path, registry, "a", "A = 1\n", k1)
+    repo = oci_push.Repository(registry.host, PATH)
+    registry_ = attest.Registry(repo, oci_push.Credentials(None, None, "none"), tmp_path)
+    tag = attest.attachment_tag(digest, "att")
+    malformed = {"not JSON": (attest.DSSE_MEDIA_TYPE, b"not json"),
+                 "a JSON list": (attest.DSSE_MEDIA_TYPE, b"[]"),
+                 "not the envelope's shape": (attest.DSSE_MEDIA_TYPE, b'{"payload": 1}'),
+                 "no envelope layer": ("text/plain", b"{}")}
+    lines = {}
+    for i, (name, (media_type, data)) in enumerate(malformed.items()):
+        attest.write_artifact(tmp_path / f"fake{i}", media_type, data)
+        registry_.push_artifact(tmp_path / f"fake{i}", tag)
+        capsys.readouterr()
+        assert verify.verify(f"{registry.host}/{PATH}:v1", k1.public_key_path, checkout(tmp_path)) == 1
+        lines[name] = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["provenance"])
+    for name, line in lines.items():
+        assert line.startswith(f"FAIL provenance {repo}:{tag}: present but malformed ("), (name, line)
+        assert "missing" not in line, (name, line)
+    oci_push.push(tmp_path / "a" / "layout", repo, ["v1"], attestations=attestations(tmp_path / "a", k1))
+    capsys.readouterr()
+    assert run_verify(f"{registry.host}/{PATH}:v1", k1.public_key_path, checkout(tmp_path), capsys) == (0, ALL_OK)
+
+
 def test_verify_refuses_a_digest_the_registry_does_not_serve(tmp_path: Path, registry: oci_push.RegistryProcess,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     k1 = key_pair(tmp_path, "k1")
@@ -203,6 +235,7 @@ def test_keys_refuse_overwrite_and_a_wrong_passphrase(tmp_path: Path) -> None:
         signing.generate(Path(str(k1.key).removesuffix(".private")), k1.passphrase_file)
     wrong = tmp_path / "wrong"
     wrong.write_text("not it\n")
+    wrong.chmod(0o600)
     with pytest.raises(UserError, match="does not decrypt"):
         signing.load_private_key(k1.key, wrong)
     with pytest.raises(UserError, match="not a sigstore private key"):
@@ -213,6 +246,169 @@ def test_keys_refuse_overwrite_and_a_wrong_passphrase(tmp_path: Path) -> None:
     assert signing.dsse_open(envelope, signing.load_public_key(k1.public_key_path), attest.IN_TOTO_PAYLOAD_TYPE) == b"{}"
     with pytest.raises(ValueError, match="no signature by this key"):
         signing.dsse_open(envelope, signing.load_public_key(k2.public_key_path), attest.IN_TOTO_PAYLOAD_TYPE)
+
+
+# ---------------------------------------------------------------- keys: malformed, readable by others, where written
+
+def _key_doc(key: Path) -> dict:
+    """The JSON inside a sigstore private key file's PEM block."""
+    return json.loads(base64.b64decode("".join(key.read_text().splitlines()[1:-1])))
+
+
+def _write_key(path: Path, doc: dict) -> Path:
+    body = "\n".join(textwrap.wrap(base64.b64encode(json.dumps(doc).encode()).decode(), 64))
+    path.write_text(f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}\n-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
+    path.chmod(0o600)
+    return path
+
+
+def _sealed_non_key(passphrase: bytes) -> dict:
+    """A key file that decrypts with `passphrase` to bytes that are no private key."""
+    from nacl.secret import SecretBox
+    salt, nonce = os.urandom(32), os.urandom(24)
+    secret = hashlib.scrypt(passphrase, salt=salt, n=1024, r=8, p=1, dklen=32)
+    ciphertext = SecretBox(secret).encrypt(b"not a PKCS#8 key", nonce).ciphertext
+    return {"kdf": {"name": "scrypt", "params": {"N": 1024, "r": 8, "p": 1}, "salt": base64.b64encode(salt).decode()},
+            "cipher": {"name": "nacl/secretbox", "nonce": base64.b64encode(nonce).decode()},
+            "ciphertext": base64.b64encode(ciphertext).decode()}
+
+
+def _b64(n: int) -> str:
+    return base64.b64encode(b"\1" * n).decode()
+
+
+MALFORMED_KEYS = {
+    "N not a power of 2": lambda d: d["kdf"]["params"].update(N=1000),
+    "N zero": lambda d: d["kdf"]["params"].update(N=0),
+    "N a boolean": lambda d: d["kdf"]["params"].update(N=True),
+    "N a string": lambda d: d["kdf"]["params"].update(N="65536"),
+    "N a float": lambda d: d["kdf"]["params"].update(N=65536.0),
+    "N too large for memory": lambda d: d["kdf"]["params"].update(N=1 << 40),
+    "r zero": lambda d: d["kdf"]["params"].update(r=0),
+    "p negative": lambda d: d["kdf"]["params"].update(p=-1),
+    "params missing": lambda d: d["kdf"].pop("params"),
+    "kdf a string": lambda d: d.update(kdf="scrypt"),
+    "salt not base64": lambda d: d["kdf"].update(salt="!!not base64!!"),
+    "salt 16 bytes": lambda d: d["kdf"].update(salt=_b64(16)),
+    "nonce 12 bytes": lambda d: d["cipher"].update(nonce=_b64(12)),
+    "nonce a number": lambda d: d["cipher"].update(nonce=24),
+    "ciphertext not base64": lambda d: d.update(ciphertext="*" * 40),
+    "ciphertext shorter than its MAC": lambda d: d.update(ciphertext=_b64(8)),
+    "cipher aes-gcm": lambda d: d["cipher"].update(name="aes-256-gcm"),
+}
+
+
+def test_a_malformed_private_key_is_one_line_naming_it_and_the_fix(tmp_path: Path) -> None:
+    k1 = key_pair(tmp_path, "k1")
+    cases = {name: (lambda d, f=mutate: (f(d), d)[1])(_key_doc(k1.key)) for name, mutate in MALFORMED_KEYS.items()}
+    cases["decrypts to no key"] = _sealed_non_key(k1.passphrase_file.read_bytes().split(b"\n")[0])
+    problems = {}
+    for i, (name, doc) in enumerate(cases.items()):
+        path = _write_key(tmp_path / f"bad{i}.private", doc)
+        try:
+            signing.load_private_key(path, k1.passphrase_file)
+            problems[name] = "accepted"
+        except UserError as e:
+            msg = str(e)
+            if not (msg.startswith(f"--sign-key {path}: ") and "\n" not in msg
+                    and "python3 -m tools.image.signing generate" in msg and "skopeo generate-sigstore-key" in msg):
+                problems[name] = f"UserError {msg!r}"
+        except Exception as e:  # noqa: BLE001 - a traceback is what this test rules out
+            problems[name] = f"{type(e).__name__}: {e}"
+    assert problems == {}
+    wrong = tmp_path / "wrong.passphrase"
+    wrong.write_text("not it\n")
+    wrong.chmod(0o600)
+    with pytest.raises(UserError) as e:
+        signing.load_private_key(k1.key, wrong)
+    assert str(e.value).startswith(f"--sign-passphrase-file {wrong}: does not decrypt {k1.key}") and "\n" not in str(e.value)
+
+
+def test_a_secret_others_can_read_is_refused_naming_the_chmod(tmp_path: Path) -> None:
+    k1 = key_pair(tmp_path, "k1")
+    for path in (k1.key, k1.passphrase_file):
+        for mode in (0o644, 0o640, 0o604, 0o620):
+            path.chmod(mode)
+            with pytest.raises(UserError, match=re.escape(f"chmod 600 {path}")) as e:
+                signing.load_private_key(k1.key, k1.passphrase_file)
+            assert str(e.value).startswith(("--sign-key " if path == k1.key else "--sign-passphrase-file ") + str(path))
+            path.chmod(0o600)
+    # A link is judged by what it points at (a link's own mode is always 0777).
+    link = tmp_path / "link.private"
+    link.symlink_to(k1.key)
+    assert signing.load_private_key(link, k1.passphrase_file) is not None
+    k1.key.chmod(0o644)
+    with pytest.raises(UserError, match=re.escape(f"chmod 600 {link}")):
+        signing.load_private_key(link, k1.passphrase_file)
+    # generate reads the passphrase file too: refused before skopeo writes anything.
+    k1.passphrase_file.chmod(0o640)
+    with pytest.raises(UserError, match=re.escape(f"chmod 600 {k1.passphrase_file}")):
+        signing.generate(tmp_path / "new" / "k2", k1.passphrase_file)
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+@pytest.mark.parametrize("key_source", ["flags", "local"])
+def test_push_refuses_a_readable_secret_before_a_registry_starts(key_source: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    sbom = tmp_path / "image.spdx.json"
+    sbom.write_text('{"spdxVersion":"SPDX-2.3","packages":[]}\n')
+    argv = ["--layout", str(layout), "--sbom", str(sbom), "--stack", "tiny", "--workspace", str(tmp_path),
+            "--lock", str(REPO_ROOT / "third_party" / "pins.lock.json")]
+    if key_source == "flags":
+        k1 = key_pair(tmp_path, "k1")
+        k1.key.chmod(0o644)
+        argv += ["--sign-key", str(k1.key), "--sign-passphrase-file", str(k1.passphrase_file)]
+        readable = k1.key
+    else:  # the local key under the cache root, its passphrase made readable since it was generated
+        _, readable, _ = signing.local_key()
+        readable.chmod(0o644)
+    capsys.readouterr()
+    try:
+        with pytest.raises(UserError, match=re.escape(f"chmod 600 {readable}")):
+            oci_push.main(argv)
+    finally:
+        oci_push.stop_local_registry()  # in case one was started
+    assert "started local registry" not in capsys.readouterr().err
+    assert not (tmp_path / "cache" / "registry" / "state.json").exists()
+
+
+def test_generate_under_a_regular_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    passphrase = tmp_path / "pass"
+    passphrase.write_text("secret\n")
+    passphrase.chmod(0o600)
+    somefile = tmp_path / "somefile"
+    somefile.write_text("not a directory\n")
+    with pytest.raises(UserError) as e:
+        signing.generate(somefile / "key", passphrase)
+    msg = str(e.value)
+    assert msg.startswith(f"--out-prefix {somefile / 'key'}: ") and str(somefile) in msg and "\n" not in msg
+    capsys.readouterr()
+    assert run_cli(signing.main, ["generate", "--out-prefix", str(somefile / "key"), "--passphrase-file",
+                                  str(passphrase)]) == 2
+    assert capsys.readouterr().err == f"error: {msg}\n"
+
+
+def test_generated_secrets_are_owner_only_from_creation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The private key and the local key's passphrase are 0600 from the moment they exist, not
+    after a chmod: skopeo runs under umask 077 (this stand-in writes its files the plain way,
+    0666 less the umask, as a tool that does not care would), the passphrase is created 0600."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "skopeo"
+    stand_in.write_text('#!/bin/sh\n# generate-sigstore-key --output-prefix PREFIX --passphrase-file FILE\n'
+                        'echo private > "$3.private"\necho public > "$3.pub"\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)  # no chmod after the fact
+    umask = os.umask(0o022)
+    try:
+        private, passphrase, public = signing.local_key()
+    finally:
+        os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in (private, passphrase)} == \
+        {private.name: "0o600", passphrase.name: "0o600"}
+    assert public.read_text() == "public\n"
 
 
 def test_local_key_is_generated_once_and_reused(tmp_path: Path) -> None:

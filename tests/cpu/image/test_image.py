@@ -672,6 +672,47 @@ def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.
             oci_push.stop_registry(reg)
 
 
+def test_concurrent_pushes_of_one_repository_to_the_local_registry_all_succeed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docker-registry 2.8 rewrites a repository's link files in place (truncate, then write): a
+    push reading its manifest back while another push of the same repository rewrote that link
+    got HTTP 500 "invalid checksum digest format". Pushes to the local registry take turns per
+    repository: three started at once all succeed, and each says it waits."""
+    payload = write_tree(tmp_path / "p", {"x": "1"})
+    desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
+    layout = tmp_path / "layout"
+    assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob), "--stack", "race"]) == 0
+    reg = oci_push.local_registry()
+    repo = oci_push.Repository(reg.host, oci_push.default_repository_path(layout))
+    results: dict[int, object] = {}
+
+    def push_side(i: int) -> None:
+        try:
+            results[i] = oci_push.main(["--layout", str(layout), "--tag", f"t{i}", "--tag", "shared"])
+        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+            results[i] = e
+
+    threads = [threading.Thread(target=push_side, args=(i,)) for i in range(3)]
+    err = ""
+    try:
+        # Held here first, so that all three are surely waiting, then go at once.
+        with oci_push.local_push_lock(reg.root, repo):
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while err.count(f"waiting for another push of {repo} (pid {os.getpid()})") < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                err += capsys.readouterr().err
+        for t in threads:
+            t.join(120)
+        err += capsys.readouterr().err
+        assert results == {0: 0, 1: 0, 2: 0}, err
+        assert err.count(f"waiting for another push of {repo}") >= 3, err
+        assert {"t0", "t1", "t2", "shared"} <= set(oci_push.tags(repo, oci_push.Credentials(None, None, "none")))
+    finally:
+        oci_push.stop_local_registry()
+
+
 # ---------------------------------------------------------------- smoke test in a chroot
 
 def test_chroot_smoke_on_tiny_image(tmp_path: Path, host_rootfs: Path) -> None:
