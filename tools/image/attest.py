@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tools.common.errors import UserError
-from tools.common.hashing import sha256_bytes, sha256_file
+from tools.common.hashing import sha256_file
 from tools.common.jsonfmt import canonical_json
-from tools.image import push as oci_push
+from tools.image import registry_client
 from tools.image import signing
 from tools.image.layout import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, blob_path, read_index_manifest, sha256_digest
 
@@ -184,7 +184,7 @@ class Registry:
     """The skopeo calls of one repository with one set of credentials (tools/image/push.py's).
     push.py imports this module only inside its functions, so the two import each other safely."""
 
-    def __init__(self, repo: oci_push.Repository, creds: oci_push.Credentials, tmpdir: Path) -> None:
+    def __init__(self, repo: registry_client.Repository, creds: registry_client.Credentials, tmpdir: Path) -> None:
         self.repo, self.creds, self.tmpdir = repo, creds, tmpdir
         registries_d = tmpdir / "registries.d"
         registries_d.mkdir(exist_ok=True)
@@ -194,7 +194,7 @@ class Registry:
         self.registries_d = registries_d
 
     def skopeo(self, args: Sequence[str], what: str) -> bytes:
-        return oci_push.run_skopeo(["--registries.d", str(self.registries_d), *args], self.repo, self.creds, what)
+        return registry_client.run_skopeo(["--registries.d", str(self.registries_d), *args], self.repo, self.creds, what)
 
     def try_skopeo(self, args: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([signing.skopeo(), "--registries.d", str(self.registries_d), *args],
@@ -202,8 +202,8 @@ class Registry:
 
     def manifest(self, suffix: str) -> bytes | None:
         """The raw manifest at REPO<suffix>, None when the registry has none there."""
-        proc = self.try_skopeo(["inspect", "--raw", *oci_push.tls_args(self.repo, "tls-verify"),
-                                *oci_push.auth_args(self.creds, "authfile"), self.repo.ref(suffix)])
+        proc = self.try_skopeo(["inspect", "--raw", *registry_client.tls_args(self.repo, "tls-verify"),
+                                *registry_client.auth_args(self.creds, "authfile"), self.repo.ref(suffix)])
         if proc.returncode == 0:
             return proc.stdout
         err = proc.stderr.decode(errors="replace")
@@ -217,20 +217,20 @@ class Registry:
         if self.manifest(":" + tag) is None:
             return None
         out = Path(tempfile.mkdtemp(prefix="artifact.", dir=self.tmpdir)) / "layout"
-        self.skopeo(["copy", "--preserve-digests", "--remove-signatures", *oci_push.tls_args(self.repo, "src-tls-verify"),
-                     *oci_push.auth_args(self.creds, "src-authfile"), self.repo.ref(":" + tag), f"oci:{out}"],
+        self.skopeo(["copy", "--preserve-digests", "--remove-signatures", *registry_client.tls_args(self.repo, "src-tls-verify"),
+                     *registry_client.auth_args(self.creds, "src-authfile"), self.repo.ref(":" + tag), f"oci:{out}"],
                     f"reading {tag}")
         return read_artifact(out)
 
     def push_artifact(self, layout: Path, tag: str) -> tuple[int, int]:
         """Push an artifact layout to REPO:tag; (blobs uploaded, bytes uploaded)."""
-        client = oci_push.RegistryClient(self.repo, self.creds)
+        client = registry_client.RegistryClient(self.repo, self.creds)
         _, manifest_bytes = read_index_manifest(layout)
         manifest = json.loads(manifest_bytes)
         blobs = [manifest["config"], *manifest["layers"]]
         missing = [b for b in blobs if client.blob_exists(b["digest"]) is not True]
-        self.skopeo(["copy", "--preserve-digests", *oci_push.tls_args(self.repo, "dest-tls-verify"),
-                     *oci_push.auth_args(self.creds, "dest-authfile"), f"oci:{layout}", self.repo.ref(":" + tag)],
+        self.skopeo(["copy", "--preserve-digests", *registry_client.tls_args(self.repo, "dest-tls-verify"),
+                     *registry_client.auth_args(self.creds, "dest-authfile"), f"oci:{layout}", self.repo.ref(":" + tag)],
                     f"pushing {tag}")
         return len(missing), sum(int(b["size"]) for b in missing)
 
@@ -240,9 +240,9 @@ class Registry:
         A copy of the image onto itself: every blob is already there, so nothing but the
         signature is uploaded, and the manifest stays byte for byte the same."""
         ref = self.repo.ref("@" + digest)
-        self.skopeo(["copy", "--preserve-digests", *oci_push.tls_args(self.repo, "src-tls-verify"),
-                     *oci_push.tls_args(self.repo, "dest-tls-verify"), *oci_push.auth_args(self.creds, "src-authfile"),
-                     *oci_push.auth_args(self.creds, "dest-authfile"), "--sign-by-sigstore-private-key", str(key),
+        self.skopeo(["copy", "--preserve-digests", *registry_client.tls_args(self.repo, "src-tls-verify"),
+                     *registry_client.tls_args(self.repo, "dest-tls-verify"), *registry_client.auth_args(self.creds, "src-authfile"),
+                     *registry_client.auth_args(self.creds, "dest-authfile"), "--sign-by-sigstore-private-key", str(key),
                      "--sign-passphrase-file", str(passphrase_file), ref, ref], "signing the manifest digest")
 
 

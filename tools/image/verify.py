@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,8 +31,7 @@ from typing import Any, Sequence
 from tools.common import credentials
 from tools.common.errors import UserError, run_cli
 from tools.common.hashing import sha256_bytes, sha256_file
-from tools.image import attest, signing
-from tools.image import push as oci_push
+from tools.image import attest, layout, registry_client, signing
 
 
 class Report:
@@ -48,16 +46,16 @@ class Report:
         print(f"FAIL {check:<10} {detail}")
 
 
-def parse_reference(raw: str) -> tuple[oci_push.Repository, str]:
+def parse_reference(raw: str) -> tuple[registry_client.Repository, str]:
     """(repository, ':TAG' or '@sha256:HEX')."""
     m = re.match(r"^(?P<repo>.+?)(?P<suffix>@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$", raw)
     repo_text, suffix = (m.group("repo"), m.group("suffix")) if m else (raw, None)
     if suffix is None or (suffix.startswith(":") and "/" in suffix):
         raise UserError(f"REF {raw!r}: expected HOST[:PORT]/PATH:TAG or HOST[:PORT]/PATH@sha256:HEX")
-    return oci_push.parse_repository(repo_text), suffix
+    return registry_client.parse_repository(repo_text), suffix
 
 
-def policy_file(work: Path, repo: oci_push.Repository, public_key: Path) -> Path:
+def policy_file(work: Path, repo: registry_client.Repository, public_key: Path) -> Path:
     """A containers policy accepting only images of `repo` signed by public_key (nothing else)."""
     policy = {"default": [{"type": "reject"}],
               "transports": {"docker": {str(repo): [{"type": "sigstoreSigned", "keyPath": str(public_key.absolute()),
@@ -72,11 +70,11 @@ def check_signature_and_blobs(registry: attest.Registry, digest: str, public_key
     repo, creds = registry.repo, registry.creds
     tag = attest.attachment_tag(digest, attest.SIGNATURE)
     proc = registry.try_skopeo(["--policy", str(policy_file(work, repo, public_key)), "copy", "--remove-signatures",
-                                *oci_push.tls_args(repo, "src-tls-verify"), *oci_push.auth_args(creds, "src-authfile"),
+                                *registry_client.tls_args(repo, "src-tls-verify"), *registry_client.auth_args(creds, "src-authfile"),
                                 repo.ref("@" + digest), f"oci:{work / 'image'}"])
     try:
         if proc.returncode == 0:
-            _, manifest_bytes = oci_push.read_index_manifest(work / "image")
+            _, manifest_bytes = layout.read_index_manifest(work / "image")
             manifest = json.loads(manifest_bytes)
             blobs = [manifest["config"], *manifest["layers"]]
             report.ok("signature", f"{repo}:{tag} signed by {public_key.name} (containers policy sigstoreSigned)")
@@ -183,7 +181,7 @@ def verify(reference: str, key: Path, checkout: Path, authfile: Path | None = No
     signing.load_public_key(key)
     report = Report()
     with tempfile.TemporaryDirectory(prefix="kimi-k3-verify.") as tmp:
-        creds = oci_push.resolve_credentials(repo, authfile, Path(tmp))
+        creds = registry_client.resolve_credentials(repo, authfile, Path(tmp))
         registry = attest.Registry(repo, creds, Path(tmp))
         raw = registry.manifest(suffix)
         if raw is None:

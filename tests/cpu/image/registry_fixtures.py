@@ -8,6 +8,8 @@ from typing import Iterator
 import pytest
 
 from tools.image import push as oci_push
+from tools.image import local_registry
+from tools.image import registry_client
 
 EPOCH = 1700000000
 
@@ -22,14 +24,14 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setenv("KIMI_K3_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(EPOCH))
-    for var in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", oci_push.USER_ENV, oci_push.PASSWORD_ENV,
+    for var in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", registry_client.USER_ENV, registry_client.PASSWORD_ENV,
                 oci_push.SIGN_KEY_ENV, oci_push.SIGN_PASSPHRASE_ENV):
         monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> Iterator[oci_push.RegistryProcess]:
+def registry(tmp_path: Path) -> Iterator[local_registry.RegistryProcess]:
     """Debian's docker-registry on 127.0.0.1, storage under tmp_path/registry."""
-    reg = oci_push.start_registry(tmp_path / "registry")
+    reg = local_registry.start_registry(tmp_path / "registry")
     yield reg
-    oci_push.stop_registry(reg)
+    local_registry.stop_registry(reg)

@@ -28,6 +28,9 @@ from tools.image import image_sbom
 from tools.image import layer as oci_layer
 from tools.image import layout as oci_image
 from tools.image import push as oci_push
+from tools.image import image_contents
+from tools.image import local_registry
+from tools.image import registry_client
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 EPOCH = 1700000000
@@ -92,13 +95,13 @@ ALL_OK = {c: "ok" for c in ("digest", "signature", "blobs", "provenance", "locks
 
 
 def test_push_attaches_and_verify_passes_and_a_second_push_uploads_nothing(
-        tmp_path: Path, registry: oci_push.RegistryProcess, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, registry: local_registry.RegistryProcess, capsys: pytest.CaptureFixture[str]) -> None:
     layout = tiny_layout(tmp_path / "a", "A = 1\n")
     signer = key_pair(tmp_path, "k1")
-    repo = oci_push.Repository(registry.host, PATH)
+    repo = registry_client.Repository(registry.host, PATH)
     first = oci_push.push(layout, repo, ["v1"], attestations=attestations(tmp_path, signer))
     digest = first.manifest_digest
-    tags = oci_push.tags(repo, oci_push.Credentials(None, None, "none"))
+    tags = registry_client.tags(repo, registry_client.Credentials(None, None, "none"))
     assert sorted(tags) == sorted(["v1", *(attest.attachment_tag(digest, k) for k in ("sbom", "att", "sig"))])
     capsys.readouterr()
     rc, checks = run_verify(f"{registry.host}/{PATH}:v1", signer.public_key_path, checkout(tmp_path), capsys)
@@ -112,25 +115,25 @@ def test_push_attaches_and_verify_passes_and_a_second_push_uploads_nothing(
         assert f"{attest.attachment_tag(digest, kind)}: already there, kept" in err
 
 
-def _push_signed(tmp_path: Path, registry: oci_push.RegistryProcess, name: str, text: str,
+def _push_signed(tmp_path: Path, registry: local_registry.RegistryProcess, name: str, text: str,
                  signer: attest.Signer, tag: str = "v1") -> str:
     layout = tiny_layout(tmp_path / name, text)
-    repo = oci_push.Repository(registry.host, PATH)
+    repo = registry_client.Repository(registry.host, PATH)
     return oci_push.push(layout, repo, [tag], attestations=attestations(tmp_path / name, signer)).manifest_digest
 
 
-def _skopeo_copy(registry: oci_push.RegistryProcess, src: str, dst: str) -> None:
+def _skopeo_copy(registry: local_registry.RegistryProcess, src: str, dst: str) -> None:
     subprocess.run([signing.skopeo(), "copy", "--preserve-digests", "--src-tls-verify=false", "--dest-tls-verify=false",
                     f"docker://{registry.host}/{PATH}{src}", f"docker://{registry.host}/{PATH}{dst}"],
                    check=True, capture_output=True)
 
 
-def _blob_file(registry: oci_push.RegistryProcess, digest: str) -> Path:
+def _blob_file(registry: local_registry.RegistryProcess, digest: str) -> Path:
     hexpart = digest.split(":", 1)[1]
     return registry.root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexpart[:2] / hexpart / "data"
 
 
-def _delete_manifest(registry: oci_push.RegistryProcess, tag: str) -> None:
+def _delete_manifest(registry: local_registry.RegistryProcess, tag: str) -> None:
     import urllib.request
     url = f"http://{registry.host}/v2/{PATH}/manifests/{tag}"
     head = urllib.request.Request(url, method="HEAD", headers={"Accept": oci_image.MANIFEST_MEDIA_TYPE})
@@ -151,7 +154,7 @@ def _delete_manifest(registry: oci_push.RegistryProcess, tag: str) -> None:
     ("missing_signature", {"signature", "blobs"}),
     ("lock_changed", {"locks"}),
 ])
-def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, registry: oci_push.RegistryProcess,
+def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, registry: local_registry.RegistryProcess,
                               capsys: pytest.CaptureFixture[str]) -> None:
     k1 = key_pair(tmp_path, "k1")
     signer = key_pair(tmp_path, "k2") if tamper == "other_key" else k1
@@ -161,7 +164,7 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
     if tamper == "retagged":
         # Another image (unsigned, no attachments) pushed under the tag verified before.
         other = tiny_layout(tmp_path / "b", "B = 2\n")
-        oci_push.push(other, oci_push.Repository(registry.host, PATH), ["v1"])
+        oci_push.push(other, registry_client.Repository(registry.host, PATH), ["v1"])
     elif tamper == "flipped_layer_byte":
         _, manifest_bytes = oci_image.read_index_manifest(tmp_path / "a" / "layout")
         blob = _blob_file(registry, json.loads(manifest_bytes)["layers"][0]["digest"])
@@ -177,7 +180,7 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
         # An SBOM that leaves a package out, under the tag: the provenance's digest no longer matches.
         fake = tmp_path / "fake-sbom"
         attest.write_artifact(fake, attest.SPDX_MEDIA_TYPE, b'{"spdxVersion":"SPDX-2.3","packages":[]} \n')
-        registry_ = attest.Registry(oci_push.Repository(registry.host, PATH), oci_push.Credentials(None, None, "none"),
+        registry_ = attest.Registry(registry_client.Repository(registry.host, PATH), registry_client.Credentials(None, None, "none"),
                                     tmp_path)
         registry_.push_artifact(fake, attest.attachment_tag(digest, "sbom"))
     elif tamper == "missing_signature":
@@ -191,14 +194,14 @@ def test_verify_fails_by_name(tamper: str, failed: set[str], tmp_path: Path, reg
     assert set(checks) == set(ALL_OK)
 
 
-def test_verify_reports_a_malformed_provenance_as_present(tmp_path: Path, registry: oci_push.RegistryProcess,
+def test_verify_reports_a_malformed_provenance_as_present(tmp_path: Path, registry: local_registry.RegistryProcess,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """An .att artifact that is there but holds no DSSE envelope is named as such, not as missing;
     a push replaces it."""
     k1 = key_pair(tmp_path, "k1")
     digest = _push_signed(tmp_path, registry, "a", "A = 1\n", k1)
-    repo = oci_push.Repository(registry.host, PATH)
-    registry_ = attest.Registry(repo, oci_push.Credentials(None, None, "none"), tmp_path)
+    repo = registry_client.Repository(registry.host, PATH)
+    registry_ = attest.Registry(repo, registry_client.Credentials(None, None, "none"), tmp_path)
     tag = attest.attachment_tag(digest, "att")
     malformed = {"not JSON": (attest.DSSE_MEDIA_TYPE, b"not json"),
                  "a JSON list": (attest.DSSE_MEDIA_TYPE, b"[]"),
@@ -219,7 +222,7 @@ def test_verify_reports_a_malformed_provenance_as_present(tmp_path: Path, regist
     assert run_verify(f"{registry.host}/{PATH}:v1", k1.public_key_path, checkout(tmp_path), capsys) == (0, ALL_OK)
 
 
-def test_verify_refuses_a_digest_the_registry_does_not_serve(tmp_path: Path, registry: oci_push.RegistryProcess,
+def test_verify_refuses_a_digest_the_registry_does_not_serve(tmp_path: Path, registry: local_registry.RegistryProcess,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     k1 = key_pair(tmp_path, "k1")
     _push_signed(tmp_path, registry, "a", "A = 1\n", k1)
@@ -368,7 +371,7 @@ def test_push_refuses_a_readable_secret_before_a_registry_starts(key_source: str
         with pytest.raises(UserError, match=re.escape(f"chmod 600 {readable}")):
             oci_push.main(argv)
     finally:
-        oci_push.stop_local_registry()  # in case one was started
+        local_registry.stop_local_registry()  # in case one was started
     assert "started local registry" not in capsys.readouterr().err
     assert not (tmp_path / "cache" / "registry" / "state.json").exists()
 
@@ -419,17 +422,17 @@ def test_local_key_is_generated_once_and_reused(tmp_path: Path) -> None:
     assert signing.load_private_key(first[0], first[1]) is not None
 
 
-def test_a_mismatched_key_pair_is_refused_before_anything_is_pushed(tmp_path: Path, registry: oci_push.RegistryProcess) -> None:
+def test_a_mismatched_key_pair_is_refused_before_anything_is_pushed(tmp_path: Path, registry: local_registry.RegistryProcess) -> None:
     k1, k2 = key_pair(tmp_path, "k1"), key_pair(tmp_path, "k2")
     mixed = attest.Signer(k1.key, k1.passphrase_file, k2.public_key_path)
     layout = tiny_layout(tmp_path / "a", "A = 1\n")
-    repo = oci_push.Repository(registry.host, PATH)
+    repo = registry_client.Repository(registry.host, PATH)
     with pytest.raises(UserError, match="its public key is not"):
         oci_push.push(layout, repo, ["v1"], attestations=attestations(tmp_path, mixed))
-    client = oci_push.RegistryClient(repo, oci_push.Credentials(None, None, "none"))
+    client = registry_client.RegistryClient(repo, registry_client.Credentials(None, None, "none"))
     _, manifest_bytes = oci_image.read_index_manifest(layout)
     assert [client.blob_exists(l["digest"]) for l in json.loads(manifest_bytes)["layers"]] == [False]
-    assert oci_push.tags(repo, oci_push.Credentials(None, None, "none")) == []
+    assert registry_client.tags(repo, registry_client.Credentials(None, None, "none")) == []
 
 
 def test_the_provenance_takes_the_kernel_selection_from_the_image(tmp_path: Path) -> None:
@@ -441,8 +444,8 @@ def test_the_provenance_takes_the_kernel_selection_from_the_image(tmp_path: Path
                            "--site-tree", str(tree), "--source-date-epoch", str(EPOCH)]) == 0
     assert oci_image.main(["--out", str(tmp_path / "with"), "--layer", str(desc), str(blob),
                            "--source-date-epoch", str(EPOCH)]) == 0
-    assert oci_push.kernel_selection(tmp_path / "with") == "kimi-k3"
-    assert oci_push.kernel_selection(tiny_layout(tmp_path / "without", "A = 1\n")) == ""
+    assert image_contents.kernel_selection(tmp_path / "with") == "kimi-k3"
+    assert image_contents.kernel_selection(tiny_layout(tmp_path / "without", "A = 1\n")) == ""
 
 
 def test_image_sbom_lists_the_triton_layers_kernels_and_driver_module(tmp_path: Path) -> None:

@@ -41,6 +41,9 @@ from tools.image import compression
 from tools.image.layer_tar import source_date_epoch
 from tools.image import layout as oci_image
 from tools.image import push as oci_push
+from tools.image import image_contents
+from tools.image import local_registry
+from tools.image import registry_client
 from tools.image import rootfs
 from tools.image import sbom
 from tools.image import smoke as image_smoke
@@ -140,13 +143,13 @@ def test_push_prints_each_layer_and_kernel_module_digest(tmp_path: Path,
         desc, blob = build_layer(tmp_path / "layers", name, tree=[tree])
         argv += ["--layer", str(desc), str(blob)]
     assert oci_image.main(argv) == 0
-    layers, modules = oci_push.image_contents(tmp_path / "layout")
+    layers, modules = image_contents.image_contents(tmp_path / "layout")
     assert [n for n, _, _ in layers] == ["base", "kernel_cache", "sglang_jit"]
     assert layers[1][1] == layer_digests(tmp_path / "layout")["kernel_cache"]
     assert modules == {"kernel_cache": {"norm": "a" * 64, "silu_and_mul": "b" * 64},
                        "sglang_jit": {"sgl_kernel_jit_kda_fused_decode_true": "c" * 64}}
     capsys.readouterr()
-    oci_push.print_contents(tmp_path / "layout")
+    image_contents.print_contents(tmp_path / "layout")
     out = capsys.readouterr().out
     assert f"layer kernel_cache  {layers[1][1]} {layers[1][2]} bytes" in out
     assert f"kernel module norm" in out and "sha256:" + "a" * 64 in out
@@ -402,8 +405,8 @@ def test_pins_label_covers_only_the_stacks_pins(tmp_path: Path) -> None:
 
 
 def test_push_read_back_change_one_layer_and_repush(tmp_path: Path, host_rootfs: Path,
-                                                    registry: oci_push.RegistryProcess) -> None:
-    repo = oci_push.Repository(registry.host, "kimi-k3/tiny")
+                                                    registry: local_registry.RegistryProcess) -> None:
+    repo = registry_client.Repository(registry.host, "kimi-k3/tiny")
     first = build_tiny_image(tmp_path / "v1", host_rootfs)
     r1 = oci_push.push(first, repo, ["v1"])
     assert r1.blobs_uploaded == 1 + len(manifest_of(first)["layers"])
@@ -460,7 +463,7 @@ class CuttingProxy:
 
 
 def test_registry_down_mid_push_leaves_no_tag_and_rerun_completes(tmp_path: Path, host_rootfs: Path,
-                                                                  registry: oci_push.RegistryProcess) -> None:
+                                                                  registry: local_registry.RegistryProcess) -> None:
     payload = tmp_path / "big"
     payload.mkdir()
     (payload / "random.bin").write_bytes(os.urandom(3 << 20))  # incompressible: the upload is ~3 MiB
@@ -468,7 +471,7 @@ def test_registry_down_mid_push_leaves_no_tag_and_rerun_completes(tmp_path: Path
     layout = tmp_path / "layout"
     assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob)]) == 0
     proxy = CuttingProxy(registry.port, cut_after=1 << 20)
-    repo = oci_push.Repository(f"127.0.0.1:{proxy.port}", "kimi-k3/cut")
+    repo = registry_client.Repository(f"127.0.0.1:{proxy.port}", "kimi-k3/cut")
     with pytest.raises(UserError, match="no tag was written; rerun"):
         oci_push.push(layout, repo, ["latest"])
     assert registry_tags(registry.host, "kimi-k3/cut") == []
@@ -484,27 +487,27 @@ def test_bad_credentials_give_a_clear_error(tmp_path: Path, host_rootfs: Path,
         pytest.fail("htpasswd is not installed: apt-get install -y apache2-utils")
     htpasswd = tmp_path / "htpasswd"
     subprocess.run(["htpasswd", "-Bbc", str(htpasswd), "alice", "right-password"], check=True, capture_output=True)
-    reg = oci_push.start_registry(tmp_path / "auth-registry", htpasswd=htpasswd)
+    reg = local_registry.start_registry(tmp_path / "auth-registry", htpasswd=htpasswd)
     try:
         payload = write_tree(tmp_path / "p", {"x": "1"})
         desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
         layout = tmp_path / "layout"
         assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob)]) == 0
-        monkeypatch.setenv(oci_push.USER_ENV, "alice")
-        monkeypatch.setenv(oci_push.PASSWORD_ENV, "wrong-password")
+        monkeypatch.setenv(registry_client.USER_ENV, "alice")
+        monkeypatch.setenv(registry_client.PASSWORD_ENV, "wrong-password")
         rc = oci_push.run_cli(oci_push.main, ["--layout", str(layout), "--repository", f"{reg.host}/kimi-k3/auth", "--tag", "t"])
         err = capsys.readouterr().err
         assert rc == 2 and "rejected the credentials" in err and "wrong-password" not in err
         with pytest.raises(UserError, match="refused by the registry|rejected the credentials"):
-            monkeypatch.delenv(oci_push.USER_ENV)
-            monkeypatch.delenv(oci_push.PASSWORD_ENV)
-            oci_push.push(layout, oci_push.Repository(reg.host, "kimi-k3/auth"), ["t"])
-        monkeypatch.setenv(oci_push.USER_ENV, "alice")
-        monkeypatch.setenv(oci_push.PASSWORD_ENV, "right-password")
-        assert oci_push.push(layout, oci_push.Repository(reg.host, "kimi-k3/auth"), ["t"]).tags == ("t",)
+            monkeypatch.delenv(registry_client.USER_ENV)
+            monkeypatch.delenv(registry_client.PASSWORD_ENV)
+            oci_push.push(layout, registry_client.Repository(reg.host, "kimi-k3/auth"), ["t"])
+        monkeypatch.setenv(registry_client.USER_ENV, "alice")
+        monkeypatch.setenv(registry_client.PASSWORD_ENV, "right-password")
+        assert oci_push.push(layout, registry_client.Repository(reg.host, "kimi-k3/auth"), ["t"]).tags == ("t",)
         assert "right-password" not in capsys.readouterr().out
     finally:
-        oci_push.stop_registry(reg)
+        local_registry.stop_registry(reg)
 
 
 def test_default_local_registry_is_started_reused_and_stopped(tmp_path: Path, host_rootfs: Path,
@@ -531,18 +534,18 @@ def test_default_local_registry_is_started_reused_and_stopped(tmp_path: Path, ho
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
         assert stop.returncode == 0, stop.stderr
     assert f"stopped local registry pid {state['pid']}" in stop.stderr
-    assert not oci_push._pid_alive(state["pid"])
+    assert not local_registry._pid_alive(state["pid"])
     assert not (tmp_path / "cache/registry/state.json").exists()
 
 
 def test_push_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="HOST"):
-        oci_push.parse_repository("no-host")
+        registry_client.parse_repository("no-host")
     with pytest.raises(UserError, match="index.json"):
-        oci_push.push(tmp_path, oci_push.Repository("127.0.0.1:1", "x/y"), [])
-    assert oci_push.parse_repository("registry.example.com/kimi/k3").loopback is False
-    assert oci_push.tls_args(oci_push.parse_repository("registry.example.com/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=true"]
-    assert oci_push.tls_args(oci_push.parse_repository("localhost:5000/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=false"]
+        oci_push.push(tmp_path, registry_client.Repository("127.0.0.1:1", "x/y"), [])
+    assert registry_client.parse_repository("registry.example.com/kimi/k3").loopback is False
+    assert registry_client.tls_args(registry_client.parse_repository("registry.example.com/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=true"]
+    assert registry_client.tls_args(registry_client.parse_repository("localhost:5000/kimi/k3"), "dest-tls-verify") == ["--dest-tls-verify=false"]
 
 
 
@@ -596,8 +599,8 @@ def test_registry_probe_drops_authorization_on_cross_host_redirect() -> None:
 
     registry = RecordingServer(registry_handle)
     try:
-        creds = oci_push.Credentials(None, ("alice", "pw"), "test")
-        client = oci_push.RegistryClient(oci_push.Repository(f"127.0.0.1:{registry.port}", "kimi/x"), creds)
+        creds = registry_client.Credentials(None, ("alice", "pw"), "test")
+        client = registry_client.RegistryClient(registry_client.Repository(f"127.0.0.1:{registry.port}", "kimi/x"), creds)
         assert client.blob_exists("sha256:aa") is True
         assert [p for p, _ in storage.seen] == ["/blob"]
         assert "Authorization" not in storage.seen[0][1], "credentials followed a redirect to another host"
@@ -610,8 +613,8 @@ def test_registry_probe_drops_authorization_on_cross_host_redirect() -> None:
 
 
 def test_bearer_realm_must_be_https_or_loopback_and_named() -> None:
-    repo = oci_push.Repository("registry.example.com", "kimi/k3")
-    client = oci_push.RegistryClient(repo, oci_push.Credentials(None, ("alice", "pw"), "test"))
+    repo = registry_client.Repository("registry.example.com", "kimi/k3")
+    client = registry_client.RegistryClient(repo, registry_client.Credentials(None, ("alice", "pw"), "test"))
     with pytest.raises(UserError, match=r"token realm http://auth\.example\.com/token is not https") as e:
         client._authenticate('Bearer realm="http://auth.example.com/token",service="reg"')
     assert "\n" not in str(e.value) and client.authorization is None
@@ -632,15 +635,15 @@ def test_auth_file_with_bad_auth_value_is_one_line_error(tmp_path: Path, auth: s
     path = tmp_path / "auth.json"
     path.write_text(json.dumps({"auths": {"registry.example.com": {"auth": auth}}}))
     with pytest.raises(UserError) as e:
-        oci_push.credentials_from_file(path, oci_push.Repository("registry.example.com", "kimi/k3"))
+        registry_client.credentials_from_file(path, registry_client.Repository("registry.example.com", "kimi/k3"))
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and "base64 of USER:PASSWORD" in msg and "skopeo login" in msg
     assert "\n" not in msg
 
 
 def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_start = oci_push.start_registry
-    started: list[oci_push.RegistryProcess] = []
+    real_start = local_registry.start_registry
+    started: list[local_registry.RegistryProcess] = []
 
     def slow_start(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.5)  # widen the window between "no registry recorded" and recording one
@@ -648,14 +651,14 @@ def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.
         started.append(reg)
         return reg
 
-    monkeypatch.setattr(oci_push, "start_registry", slow_start)
+    monkeypatch.setattr(local_registry, "start_registry", slow_start)
     barrier = threading.Barrier(2)
     results: list[object] = []
 
     def push_side() -> None:
         barrier.wait()
         try:
-            results.append(oci_push.local_registry())
+            results.append(local_registry.local_registry())
         except BaseException as e:  # noqa: BLE001 - reported by the assert below
             results.append(e)
 
@@ -669,7 +672,7 @@ def test_concurrent_default_pushes_share_one_local_registry(monkeypatch: pytest.
         assert results == [started[0], started[0]]
     finally:
         for reg in started:
-            oci_push.stop_registry(reg)
+            local_registry.stop_registry(reg)
 
 
 def test_concurrent_pushes_of_one_repository_to_the_local_registry_all_succeed(
@@ -682,8 +685,8 @@ def test_concurrent_pushes_of_one_repository_to_the_local_registry_all_succeed(
     desc, blob = build_layer(tmp_path / "layers", "p", tree=[f"/opt={payload}"])
     layout = tmp_path / "layout"
     assert oci_image.main(["--out", str(layout), "--layer", str(desc), str(blob), "--stack", "race"]) == 0
-    reg = oci_push.local_registry()
-    repo = oci_push.Repository(reg.host, oci_push.default_repository_path(layout))
+    reg = local_registry.local_registry()
+    repo = registry_client.Repository(reg.host, image_contents.default_repository_path(layout))
     results: dict[int, object] = {}
 
     def push_side(i: int) -> None:
@@ -696,7 +699,7 @@ def test_concurrent_pushes_of_one_repository_to_the_local_registry_all_succeed(
     err = ""
     try:
         # Held here first, so that all three are surely waiting, then go at once.
-        with oci_push.local_push_lock(reg.root, repo):
+        with local_registry.local_push_lock(reg.root, repo):
             for t in threads:
                 t.start()
             deadline = time.monotonic() + 60
@@ -708,9 +711,9 @@ def test_concurrent_pushes_of_one_repository_to_the_local_registry_all_succeed(
         err += capsys.readouterr().err
         assert results == {0: 0, 1: 0, 2: 0}, err
         assert err.count(f"waiting for another push of {repo}") >= 3, err
-        assert {"t0", "t1", "t2", "shared"} <= set(oci_push.tags(repo, oci_push.Credentials(None, None, "none")))
+        assert {"t0", "t1", "t2", "shared"} <= set(registry_client.tags(repo, registry_client.Credentials(None, None, "none")))
     finally:
-        oci_push.stop_local_registry()
+        local_registry.stop_local_registry()
 
 
 # ---------------------------------------------------------------- smoke test in a chroot
@@ -822,12 +825,12 @@ def test_entrypoint_guard_runs_inside_the_image(tmp_path: Path, host_rootfs: Pat
     assert "No module named 'sglang'" in proc.stderr, "it execs python3 -m sglang.launch_server"
 
 
-def test_base_image_pulled_by_digest(tmp_path: Path, host_rootfs: Path, registry: oci_push.RegistryProcess) -> None:
+def test_base_image_pulled_by_digest(tmp_path: Path, host_rootfs: Path, registry: local_registry.RegistryProcess) -> None:
     payload = write_tree(tmp_path / "p", {"etc/os-release": "ID=tiny\n"})
     desc, blob = build_layer(tmp_path / "layers", "os", tree=[f"/={payload}"])
     base = tmp_path / "base-src"
     assert oci_image.main(["--out", str(base), "--layer", str(desc), str(blob), "--env", "FROM_BASE=1"]) == 0
-    pushed = oci_push.push(base, oci_push.Repository(registry.host, "kimi-k3/base"), [])
+    pushed = oci_push.push(base, registry_client.Repository(registry.host, "kimi-k3/base"), [])
     pulled = tmp_path / "base"
     assert rootfs.main(["pull", "--reference", pushed.reference, "--out", str(pulled)]) == 0
     top_desc, top_blob = build_layer(tmp_path / "layers", "top", file=[f"/opt/top={ENTRYPOINT}"])
