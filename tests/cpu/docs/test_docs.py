@@ -7,6 +7,7 @@
   elapsed / wall time. A pointer to the measurements (`docs/measurements/2026-12-01.md`, or a
   line naming `docs/measurements/` that says "measured") is allowed: the path is removed before
   the line is judged, and "measured" may stand on such a line.
+- docs/DESIGN.md's table of the image stage names each of its files, and no other.
 - Every command README.md gives names what exists: each Bazel label's package has a BUILD file
   (and, where the target is spelled out, the name is a string in that BUILD file or in a .bzl of
   the checkout, as macros make targets), and each `python3 -m tools....` module is a file
@@ -126,6 +127,17 @@ def test_docs_hold_no_dated_measurement() -> None:
     problems = [f"{rel} {p}" for rel in docs for p in dated_measurements((ws / rel).read_text())]
     assert not problems, ("dated measurements belong in docs/measurements/YYYY-MM-DD.md:\n"
                           + "\n".join(problems))
+
+
+def test_design_names_every_file_of_the_image_stage() -> None:
+    """docs/DESIGN.md's table of the image stage by job names each tools/image/*.py, and only those."""
+    ws = _workspace()
+    text = (ws / "docs" / "DESIGN.md").read_text()
+    table = text[text.index("The image stage, the largest, has one file per job"):]
+    table = table[:table.index("\n\n", table.index("| job |"))]
+    named = set(re.findall(r"`(\w+\.py)`", table))
+    files = {p.name for p in (ws / "tools" / "image").glob("*.py")} - {"__init__.py"}
+    assert named == files, f"not in the table: {sorted(files - named)}; no such file: {sorted(named - files)}"
 
 
 def test_readme_commands_name_what_exists() -> None:
