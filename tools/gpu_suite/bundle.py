@@ -41,12 +41,14 @@ from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
 from tools.common.files import check_replaceable_dir, dir_replaced_atomically, workspace_path
 from tools.common.hashing import sha256_file
-from tools.common.jsonfmt import loads_unique_keys
+from tools.common.jsondata import TEXT, Enum, ListOf, MapOf, Object, load_json_file
 from tools.common.progress import human_bytes
 from tools.fetch.cache import Cache
 from tools.fetch.cli import DEFAULT_TIMEOUT_S, Context, fetch_pin
 from tools.fetch.sources import mirror_dirs
 from tools.gpu_suite.host import MANIFEST, SCHEMA_VERSION, SGLANG_JIT_MANIFEST
+from tools.jit_cache.sglang_aot import SGLANG_JIT_RUNTIME
+from tools.jit_cache.triton_aot import TRITON_RUNTIME
 from tools.kernel_cache.plans import CUDA_TOOLCHAIN
 from tools.kernel_cache.toolchain import unpack_tvm_ffi
 from tools.pins import lock as pins_lock
@@ -89,30 +91,29 @@ class HostSpec:
     from_host: tuple[str, ...]
 
 
+# tools/gpu_suite/gpu_host.json; the runtime objects are the first-use builds' --runtime
+# (tools/jit_cache/sglang_aot.py, triton_aot.py).
+HOST_SPEC_FILE = Object({
+    "schema_version": Enum(1),
+    "python": TEXT,
+    "wheels": ListOf(TEXT),
+    "from_host": ListOf(TEXT),
+}, optional={
+    "description": TEXT,
+    "host_builds": MapOf(ListOf(TEXT)),  # a stack pin -> pins of the same version built for `python`
+    "sglang_jit_runtime": SGLANG_JIT_RUNTIME,
+    "triton_runtime": TRITON_RUNTIME,
+})
+
+
 def load_host_spec(path: Path) -> HostSpec:
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: cannot read JSON ({e}); fix the file") from None
-
-    def names(key: str) -> tuple[str, ...]:
-        value = data.get(key)
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise UserError(f"{path}: {key} must be a list of names, got {value!r}")
-        return tuple(value)
-
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{path}: expected a JSON object with schema_version {SCHEMA_VERSION}")
-    python = data.get("python")
-    if not isinstance(python, str) or not python.replace(".", "").isdigit() or python.count(".") != 1:
-        raise UserError(f"{path}: python must be the GPU host's CPython as X.Y, got {python!r}")
-    builds = data.get("host_builds", {})
-    if not isinstance(builds, dict) or not all(
-            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in builds.values()):
-        raise UserError(f"{path}: host_builds must map a stack pin to a list of pin names")
-    return HostSpec(python=python, wheels=names("wheels"),
-                    host_builds={k: tuple(v) for k, v in builds.items()},
-                    from_host=names("from_host"))
+    data = load_json_file(path, "GPU host spec", HOST_SPEC_FILE)
+    python = data["python"]
+    if not python.replace(".", "").isdigit() or python.count(".") != 1:
+        raise UserError(f"GPU host spec {path}: $.python: {python!r} is not the GPU host's CPython as X.Y")
+    return HostSpec(python=python, wheels=tuple(data["wheels"]),
+                    host_builds={k: tuple(v) for k, v in data.get("host_builds", {}).items()},
+                    from_host=tuple(data["from_host"]))
 
 
 def runs_on(filename: str, python: str) -> bool:

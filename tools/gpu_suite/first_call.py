@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.jit_cache.sglang_aot import load_runtime
 
 ROOT = Path(__file__).absolute().parents[2]
 
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.cuda_home / "bin" / "nvcc").is_file():
         raise UserError(f"--cuda-home {args.cuda_home}: no bin/nvcc; pass the host's CUDA root "
                         "(the runs without the shipped cache compile with it)")
-    runtime = json.loads(args.runtime.read_text())["sglang_jit_runtime"]
+    runtime = load_runtime(args.runtime)
     from tools.gpu_suite import sglang_jit_cases as cases
 
     scratch = Path(tempfile.mkdtemp(prefix="first-call-", dir=args.scratch))

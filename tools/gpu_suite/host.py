@@ -48,6 +48,7 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import check_replaceable_dir, dir_replaced_atomically, set_tree_writable
 from tools.common.hashing import sha256_file
 from tools.gpu_suite.site import unpack_wheel
+from tools.jit_cache.sglang_aot import load_runtime
 from tools.kernel_cache.modules import ARCH_RE
 from tools.kernel_cache.selection import load_selections
 from tools.kernel_cache.toolchain import load_toolchain
@@ -189,7 +190,7 @@ def sglang_jit_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda
     wheels = [bundle / manifest["flashinfer_wheel"], bundle / manifest["sglang_wheel"],
               *[bundle / w for w in manifest["wheels"]]]
     ninja = [w for w in wheels if w.name.startswith("ninja-")]
-    runtime = json.loads(HOST_SPEC.read_text())["sglang_jit_runtime"]
+    runtime = load_runtime(HOST_SPEC)
     site, cache = work / "sglang-site", work / "sglang-jit"
     env = proof_env(cache, runtime, work)
     env |= {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "PYTHONUNBUFFERED": "1",
@@ -246,7 +247,7 @@ def triton_proof(bundle: Path, manifest: Mapping[str, Any], work: Path, cuda: Pa
               *[bundle / w for w in manifest["wheels"]]]
     sglang_site, shipped, bound = work / "sglang-site", work / "triton-shipped", work / "triton-cache"
     no_tools = work / "no-compilers"
-    missing = json.loads(HOST_SPEC.read_text())["sglang_jit_runtime"]["cuda_home"]
+    missing = load_runtime(HOST_SPEC)["cuda_home"]
     pythonpath = os.pathsep.join([str(site), str(sglang_site), str(REPO)])
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CC", "CXX")}
     env |= {"PATH": str(no_tools), "CUDA_HOME": missing, "TRITON_PTXAS_PATH": missing + "/bin/ptxas",

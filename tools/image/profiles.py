@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.jsonfmt import loads_unique_keys
+from tools.common.jsondata import TEXT, Enum, ListOf, MapOf, Object, json_path, load_json_file
 from tools.image import profile_probe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,32 @@ SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
 # image/constants.bzl TRITON_DIR (the Triton layer's cache, tools/jit_cache/triton_aot.py MANIFEST).
 TRITON_IMAGE_PATH = "/usr/share/kimi-k3/triton"
 SCHEMA_VERSION = 1
-PROFILE_KEYS = {"schema_version", "description", "checkpoint", "needs", "placeholders", "env", "args"}
+# A launch profile's fields and their types (what each is for: README "Launch profiles");
+# validate_profile checks what a type cannot say.
+LAUNCH_PROFILE = Object({
+    "schema_version": Enum(SCHEMA_VERSION),
+    "description": TEXT,
+    # The only checkpoint facts the check may assume: the architecture and model type.
+    "checkpoint": Object({"placeholder": TEXT,
+                          "config": Object({"architectures": ListOf(TEXT, non_empty=True), "model_type": TEXT})}),
+    "needs": Object({"kernel_selection": TEXT}),  # a selection of kernel_cache/selections.json
+    "args": ListOf(TEXT, non_empty=True),  # SGLang's arguments
+}, optional={
+    "placeholders": MapOf(Object({"description": TEXT, "example": TEXT})),
+    "env": MapOf(TEXT),
+})
+PROFILE_FIX = "see README 'Launch profiles' for the format"
+# image/backend_needs.json: an entry per checkpoint architecture, and per ServerArgs field and
+# the value SGLang resolves it to (the file's description says what each field is).
+NEEDS_ENTRY = Object({"why": TEXT}, optional={
+    "modules": MapOf(Object({}, optional={"runners": ListOf(TEXT)})),
+    "features": ListOf(TEXT),
+})
+BACKEND_NEEDS = Object({
+    "schema_version": Enum(1),
+    "arch": TEXT,
+    "settings": MapOf(MapOf(NEEDS_ENTRY)),
+}, optional={"description": TEXT, "architectures": MapOf(NEEDS_ENTRY)})
 PLACEHOLDER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 PLACEHOLDER_USE = re.compile(r"\$\{([^}]*)\}")
 AOT_DIR = "flashinfer/data/aot"
@@ -88,70 +113,31 @@ class Profile:
         return str(self.data["needs"]["kernel_selection"])
 
 
-def _check_strings(value: Any, what: str, fix: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise UserError(f"{what}: expected a non-empty string, got {value!r}; {fix}")
-
-
-def validate_profile(name: str, path: Path, data: Any) -> Profile:
-    """The profile, or a UserError naming the file, the field and the fix."""
+def validate_profile(name: str, path: Path, data: Mapping[str, Any]) -> Profile:
+    """The profile from `data` (LAUNCH_PROFILE's types already checked), or a UserError naming
+    the file, the field and the fix: what a type cannot say."""
     where = f"profile {path}"
-    fix = "see README 'Launch profiles' for the format"
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{where}: not a launch profile (schema_version {SCHEMA_VERSION}); {fix}")
-    unknown = sorted(set(data) - PROFILE_KEYS)
-    missing = sorted({"description", "checkpoint", "needs", "args"} - set(data))
-    if unknown or missing:
-        raise UserError(f"{where}: unknown keys {unknown}, missing keys {missing}; {fix}")
-    _check_strings(data["description"], f"{where} description", fix)
     args, env, placeholders = data["args"], data.get("env", {}), data.get("placeholders", {})
-    if not isinstance(args, list) or not args:
-        raise UserError(f"{where} args: expected the SGLang arguments as a list of strings; {fix}")
-    for i, arg in enumerate(args):
-        _check_strings(arg, f"{where} args[{i}]", fix)
     flags = [a.partition("=")[0] for a in args if a.startswith("--")]
     twice = sorted({f for f in flags if flags.count(f) > 1})
     if twice:
         raise UserError(f"{where} args: {', '.join(twice)} given twice (SGLang keeps the last one silently); "
                         "keep one")
-    if not isinstance(env, dict):
-        raise UserError(f"{where} env: expected an object VARIABLE -> value; {fix}")
-    for var, value in env.items():
+    for var in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
-            raise UserError(f"{where} env: {var!r} is not an environment variable name; {fix}")
-        _check_strings(value, f"{where} env {var}", fix)
-    if not isinstance(placeholders, dict):
-        raise UserError(f"{where} placeholders: expected an object NAME -> {{description, example}}; {fix}")
-    for key, spec in placeholders.items():
+            raise UserError(f"{where} env: {var!r} is not an environment variable name; {PROFILE_FIX}")
+    for key in placeholders:
         if not PLACEHOLDER_NAME.fullmatch(key):
             raise UserError(f"{where} placeholders: {key!r} is not UPPER_CASE; name site values like MODEL_PATH")
-        if not isinstance(spec, dict) or set(spec) != {"description", "example"}:
-            raise UserError(f"{where} placeholders {key}: expected {{\"description\", \"example\"}}; {fix}")
-        _check_strings(spec["description"], f"{where} placeholders {key} description", fix)
-        _check_strings(spec["example"], f"{where} placeholders {key} example", fix)
     used = {m.group(1) for text in [*args, *env.values()] for m in PLACEHOLDER_USE.finditer(text)}
     undeclared, unused = sorted(used - set(placeholders)), sorted(set(placeholders) - used)
     if undeclared or unused:
         raise UserError(f"{where}: placeholders used but not declared {undeclared}, declared but not used {unused}; "
                         "declare each ${NAME} the args or env use under placeholders, and only those")
     checkpoint = data["checkpoint"]
-    if not isinstance(checkpoint, dict) or set(checkpoint) != {"placeholder", "config"}:
-        raise UserError(f"{where} checkpoint: expected {{\"placeholder\", \"config\"}}; {fix}")
     if checkpoint["placeholder"] not in placeholders:
         raise UserError(f"{where} checkpoint placeholder {checkpoint['placeholder']!r}: not one of the placeholders; "
                         "name the placeholder of the checkpoint directory (e.g. MODEL_PATH)")
-    config = checkpoint["config"]
-    if (not isinstance(config, dict) or set(config) != {"architectures", "model_type"}
-            or not isinstance(config["architectures"], list) or not config["architectures"]):
-        raise UserError(f"{where} checkpoint config: expected exactly {{\"architectures\": [...], \"model_type\": ...}} "
-                        "(the only checkpoint facts the check may assume)")
-    for arch in config["architectures"]:
-        _check_strings(arch, f"{where} checkpoint config architectures", fix)
-    _check_strings(config["model_type"], f"{where} checkpoint config model_type", fix)
-    needs = data["needs"]
-    if not isinstance(needs, dict) or set(needs) != {"kernel_selection"}:
-        raise UserError(f"{where} needs: expected {{\"kernel_selection\": NAME}} (kernel_cache/selections.json); {fix}")
-    _check_strings(needs["kernel_selection"], f"{where} needs kernel_selection", fix)
     return Profile(name, path, data)
 
 
@@ -164,11 +150,7 @@ def load_profile_files(paths: Sequence[Path]) -> dict[str, Profile]:
             raise UserError(f"profile {path}: name the file NAME.json with NAME of lower-case letters, digits, '-', '.'")
         if name in profiles:
             raise UserError(f"profile {path}: a second profile {name} ({profiles[name].path}); keep one")
-        try:
-            data = loads_unique_keys(path.read_text(), f"profile {path}")
-        except (OSError, ValueError) as e:
-            raise UserError(f"profile {path}: not readable JSON ({e}); fix the file") from None
-        profiles[name] = validate_profile(name, path, data)
+        profiles[name] = validate_profile(name, path, load_json_file(path, "profile", LAUNCH_PROFILE, PROFILE_FIX))
     return profiles
 
 
@@ -245,21 +227,17 @@ class Need:
 
 
 def load_needs(path: Path) -> dict[str, Any]:
-    try:
-        data = loads_unique_keys(path.read_text(), f"--needs {path}")
-    except (OSError, ValueError) as e:
-        raise UserError(f"--needs {path}: not readable JSON ({e}); pass image/backend_needs.json") from None
-    if not isinstance(data, dict) or data.get("schema_version") != 1 or not isinstance(data.get("settings"), dict):
-        raise UserError(f"--needs {path}: not a needs table (schema_version 1, arch, architectures, settings)")
-    entries = [(f"architectures.{a}", e) for a, e in data.get("architectures", {}).items()]
-    entries += [(f"settings.{s}.{v}", e) for s, table in data["settings"].items() for v, e in table.items()]
-    for where, entry in entries:
-        if not isinstance(entry, dict) or not set(entry) <= {"modules", "features", "why"} or "why" not in entry:
-            raise UserError(f"--needs {path} {where}: expected {{modules, features, why}}")
-        for feature in entry.get("features", []):
+    """image/backend_needs.json (--needs), checked: BACKEND_NEEDS's types, and every feature one
+    the image probe knows."""
+    data = load_json_file(path, "--needs", BACKEND_NEEDS)
+    entries = [(["architectures", a], e) for a, e in data.get("architectures", {}).items()]
+    entries += [(["settings", s, v], e) for s, table in data["settings"].items() for v, e in table.items()]
+    for keys, entry in entries:
+        for i, feature in enumerate(entry.get("features", [])):
             if feature not in profile_probe.FEATURES:
-                raise UserError(f"--needs {path} {where}: feature {feature!r} has no probe; known: "
-                                f"{', '.join(sorted(profile_probe.FEATURES))} (tools/image/profile_probe.py FEATURES)")
+                raise UserError(f"--needs {path}: {json_path([*keys, 'features', i])}: feature {feature!r} has no "
+                                f"probe; known: {', '.join(sorted(profile_probe.FEATURES))} "
+                                "(tools/image/profile_probe.py FEATURES)")
     return data
 
 
@@ -386,7 +364,7 @@ def triton_plan(calls_file: Path, stack: str) -> dict[tuple[str, str], list[dict
     """(file, function) -> [{"call", "args"}] of the stack's Triton calls (jit_cache/triton_calls.json)."""
     from tools.jit_cache.triton_aot import kernel_sites, load_calls
 
-    return kernel_sites(load_calls(calls_file, stack))
+    return kernel_sites(load_calls(calls_file, stack, "--triton-calls"))
 
 
 def capability_of(arch: str) -> tuple[int, int]:

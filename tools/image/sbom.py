@@ -21,7 +21,6 @@ layer (SGLang's) and the config, not this SBOM's layer as well.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any, Sequence
 from tools.common.errors import UserError, run_cli
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
+from tools.common.jsondata import ANY, TEXT, ListOf, Object, load_json_file
 from tools.common.jsonfmt import canonical_json
 from tools.image.layer_tar import source_date_epoch
 from tools.image.layout import rfc3339
@@ -88,16 +88,15 @@ def deb_package(pkg: debian.DebPackage) -> dict[str, Any]:
                               "referenceLocator": f"pkg:deb/debian/{pkg.name}@{pkg.version}?arch={pkg.architecture}"}]}
 
 
+# What the SBOMs read of a patch gate manifest (tools/patch_gate/manifest.py MANIFEST has it all).
+GATE_MANIFEST_READ = Object({
+    "target": Object({"pin": TEXT}, other=ANY),
+    "patches": ListOf(Object({"entry": TEXT, "sha256": TEXT, "state": TEXT}, other=ANY)),
+}, other=ANY)
+
+
 def read_gate_manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        for p in data["patches"]:
-            _ = (p["entry"], p["sha256"], p["state"])
-        _ = data["target"]["pin"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--gate-manifest {path}: not a tools/patch_gate manifest ({type(e).__name__}: {e}); "
-                        "pass the gate's manifest.json") from e
-    return data
+    return load_json_file(path, "--gate-manifest", GATE_MANIFEST_READ, "pass tools/patch_gate's manifest.json")
 
 
 def patch_packages(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -28,9 +28,11 @@ from typing import Sequence
 from tools.common.cliargs import named_paths
 from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
+from tools.common.jsondata import load_json_file
 from tools.common.jsonfmt import review_json
 from tools.jit_cache.sglang_aot import add_sglang_commands
-from tools.jit_cache.inventory import build_inventory, differences, load_profiles, log, read_inventory, read_json
+from tools.jit_cache.inventory import (BACKEND_NEEDS_READ, CHECKPOINT_FACTS, REACH, build_inventory, differences,
+                                       load_profiles, log, read_inventory)
 from tools.jit_cache.tree import gated_tree, tree_from_dir
 
 EXIT_DIFFERS = 1
@@ -41,24 +43,37 @@ UPDATE_COMMAND = "tools/bazel run //jit_cache:update_inventory"
 def cmd_inventory(args: argparse.Namespace) -> int:
     if (args.tree is None) == (args.wheel is None):
         raise UserError("inventory: give exactly one of --tree DIR (the gate's tree) and --wheel WHEEL (the pinned wheel)")
+    _check_stack(args.stack, args.lock)
+    # Every input file is read (and refused) before the tree is scanned or gated: minutes saved.
     profiles = load_profiles(args.profiles)
-    reach = read_json(args.reach, "--reach")
-    facts = read_json(args.facts, "--facts")
-    needs = read_json(args.backend_needs, "--backend-needs")
+    reach = load_json_file(args.reach, "--reach", REACH)
+    facts = load_json_file(args.facts, "--facts", CHECKPOINT_FACTS)
+    needs = load_json_file(args.backend_needs, "--backend-needs", BACKEND_NEEDS_READ)
     plan = _read_plan(args.kernel_plan)
+    aot_modules = _aot_modules(args.sglang_modules, args.stack)
+    triton_calls = _triton_calls(args.triton_calls, args.stack)
     with tempfile.TemporaryDirectory(prefix="jit-cache-") as scratch_dir:
         scratch = Path(scratch_dir)
         if args.tree is not None:
             tree = tree_from_dir(args.tree, "--tree")
         else:
             tree = gated_tree(args.wheel, args.stack, args.patch_dir, args.lock, scratch)
-        inventory = build_inventory(args.stack, tree, profiles, reach, facts.get("architectures", {}), needs, plan,
-                                    args.kernel_plan.name, _aot_modules(args.sglang_modules, args.stack),
-                                    _triton_calls(args.triton_calls, args.stack))
+        inventory = build_inventory(args.stack, tree, profiles, reach, facts["architectures"], needs, plan,
+                                    args.kernel_plan.name, aot_modules, triton_calls)
     write_bytes_atomic(args.out, review_json(inventory))
     counts = ", ".join(f"{k} {c['reached']}/{c['total']}" for k, c in inventory["counts"].items())
     log(f"stack {args.stack}: sites reached/total: {counts}; wrote {args.out}")
     return 0
+
+
+def _check_stack(stack: str, lock_path: Path) -> None:
+    """An inventory is of a stack of the lock (another name would be written, and checked, as if)."""
+    from tools.pins.lock import load
+
+    stacks = sorted(load(lock_path).stacks)
+    if stack not in stacks:
+        raise UserError(f"--stack {stack}: not a stack of {lock_path} (its stacks: {', '.join(stacks)}); "
+                        "pass one of them")
 
 
 def _aot_modules(path: Path | None, stack: str) -> list:
@@ -66,8 +81,7 @@ def _aot_modules(path: Path | None, stack: str) -> list:
     if path is None:
         return []
     from tools.jit_cache.sglang_aot import load_modules
-    stacks = read_json(path, "--sglang-modules").get("stacks", {})
-    return load_modules(path, stack) if stack in stacks else []
+    return load_modules(path, stack, "--sglang-modules", required=False)
 
 
 def _triton_calls(path: Path | None, stack: str) -> list:
@@ -75,8 +89,7 @@ def _triton_calls(path: Path | None, stack: str) -> list:
     if path is None:
         return []
     from tools.jit_cache.triton_aot import load_calls
-    stacks = read_json(path, "--triton-calls").get("stacks", {})
-    return load_calls(path, stack) if stack in stacks else []
+    return load_calls(path, stack, "--triton-calls", required=False)
 
 
 def _read_plan(path: Path) -> dict:
@@ -129,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--tree", type=Path, help="the patch gate's SGLang tree of the stack")
     inv.add_argument("--wheel", type=Path, help="the stack's pinned sglang wheel (gated here)")
     inv.add_argument("--patch-dir", type=Path, default=Path("sglang_patches"), help="with --wheel: series, manifests, layout")
-    inv.add_argument("--lock", type=Path, default=Path("third_party/pins.lock.json"))
+    inv.add_argument("--lock", type=Path, default=Path("third_party/pins.lock.json"),
+                     help="the lock whose stack --stack names (and, with --wheel, its series' pins)")
     inv.add_argument("--profiles", type=Path, default=Path("image/profiles"))
     inv.add_argument("--reach", type=Path, default=Path("jit_cache/reach.json"))
     inv.add_argument("--facts", type=Path, default=Path("jit_cache/checkpoint_facts.json"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
-from tools.common.jsonfmt import loads_unique_keys
+from tools.common.jsondata import ANY, TEXT, Enum, ListOf, MapOf, Object, check_json, load_json_file
 from tools.jit_cache import reach as reach_mod
 from tools.jit_cache.sites import KINDS, Site, dotted, scan_module
 from tools.jit_cache.tree import SourceTree
@@ -33,28 +33,44 @@ TRITON_DRIVER_FILE = "triton/backends/nvidia/driver.c"
 TRITON_DRIVER_SITE = f"triton:{TRITON_DRIVER_FILE}:cuda_utils"
 
 
-def read_json(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"{what} {path}: cannot read ({e.strerror or e}); pass the file of this checkout") from None
-    try:
-        return loads_unique_keys(text, f"{what} {path}")
-    except json.JSONDecodeError as e:
-        raise UserError(f"{what} {path}: not JSON (line {e.lineno}: {e.msg}); fix the file") from None
+# The inputs' types. jit_cache/reach.json and checkpoint_facts.json are this stage's own files:
+# every field. Of a launch profile (image/profiles/*.json) and image/backend_needs.json, the
+# fields read here; `python3 -m tools.image.profiles validate` checks the whole of those files.
+REACH = Object({
+    "schema_version": Enum(1),
+    "entry_modules": ListOf(TEXT),
+    "models_dir": TEXT,
+    "pruning": Object({"other_platform_predicates": ListOf(TEXT), "cuda_predicates": ListOf(TEXT),
+                       "other_platform_modules": ListOf(TEXT)}, optional={"why": TEXT}),
+    "registries": MapOf(Object({"settings": ListOf(TEXT)}, optional={"why": TEXT})),
+    "architectures": MapOf(Object({}, optional={
+        "resolved_settings": MapOf(Object({"value": ANY}, optional={"why": TEXT}))})),
+    "setting_roots": MapOf(MapOf(Object({"modules": ListOf(TEXT)}, optional={"why": TEXT}))),
+    "specialization_settings": ListOf(TEXT),
+    "flashinfer_apis": MapOf(TEXT),
+}, optional={"description": TEXT, "entry_why": TEXT, "models_why": TEXT, "flashinfer_apis_why": TEXT})
+CHECKPOINT_FACTS = Object({
+    "schema_version": Enum(1),
+    "architectures": MapOf(Object({"facts": MapOf(Object({"value": ANY, "source": TEXT}))})),
+}, optional={"description": TEXT})
+LAUNCH_PROFILE_READ = Object({
+    "checkpoint": Object({"config": Object({"architectures": ListOf(TEXT, non_empty=True)}, other=ANY)}, other=ANY),
+    "args": ListOf(TEXT),
+}, other=ANY)
+_NEEDS_ENTRY_READ = Object({}, optional={"modules": MapOf(ANY)}, other=ANY)
+BACKEND_NEEDS_READ = Object({}, optional={"architectures": MapOf(_NEEDS_ENTRY_READ),
+                                          "settings": MapOf(MapOf(_NEEDS_ENTRY_READ))}, other=ANY)
+INVENTORY = Object({
+    "schema_version": Enum(SCHEMA_VERSION),
+    "sites": MapOf(Object({"status": Enum(PREBUILT, GAP), "reason": TEXT}, other=ANY)),
+    "unreached": ListOf(TEXT),
+}, other=ANY)
+REGENERATE = "regenerate it with `tools/bazel run //jit_cache:update_inventory`"
 
 
 def read_inventory(path: Path, what: str) -> dict[str, Any]:
     """An inventory file, read and validated (one line naming the file and the fix otherwise)."""
-    data = read_json(path, what)
-    validate_inventory(data, f"{what} {path}")
-    return data
-
-
-def _need(obj: Any, key: str, kind: type, where: str) -> Any:
-    if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
-        raise UserError(f"{where}: expected a {kind.__name__} at '{key}'; fix the file")
-    return obj[key]
+    return load_json_file(path, what, INVENTORY, REGENERATE)
 
 
 @dataclass
@@ -90,14 +106,12 @@ def load_profiles(directory: Path) -> list[Profile]:
         raise UserError(f"--profiles {directory}: no launch profiles (*.json) there; pass image/profiles")
     profiles = []
     for path in paths:
-        where = f"launch profile {path}"
-        data = read_json(path, "launch profile")
-        checkpoint = _need(data, "checkpoint", dict, where)
-        archs = _need(_need(checkpoint, "config", dict, where), "architectures", list, where)
-        if len(archs) != 1 or not isinstance(archs[0], str):
-            raise UserError(f"{where}: checkpoint.config.architectures must name one architecture; fix the profile")
-        args = _need(data, "args", list, where)
-        profiles.append(Profile(name=path.stem, architecture=archs[0], settings=parse_args([str(a) for a in args])))
+        data = load_json_file(path, "launch profile", LAUNCH_PROFILE_READ, "fix the profile")
+        archs = data["checkpoint"]["config"]["architectures"]
+        if len(archs) != 1:
+            raise UserError(f"launch profile {path}: $.checkpoint.config.architectures must name one architecture; "
+                            "fix the profile")
+        profiles.append(Profile(name=path.stem, architecture=archs[0], settings=parse_args(data["args"])))
     return profiles
 
 
@@ -241,12 +255,7 @@ def _pruning(reach: Mapping[str, Any], settings: Mapping[str, Any]) -> reach_mod
 
 
 def validate_reach(reach: Any, where: str) -> None:
-    for key, kind in (("entry_modules", list), ("models_dir", str), ("pruning", dict), ("registries", dict),
-                      ("architectures", dict), ("setting_roots", dict), ("flashinfer_apis", dict),
-                      ("specialization_settings", list)):
-        _need(reach, key, kind, where)
-    for key in ("other_platform_predicates", "cuda_predicates", "other_platform_modules"):
-        _need(reach["pruning"], key, list, f"{where} pruning")
+    check_json(reach, REACH, where)
 
 
 def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach: Mapping[str, Any],
@@ -390,15 +399,7 @@ def site_summary(inventory: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def validate_inventory(data: Any, where: str) -> None:
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{where}: not a jit_cache inventory of schema {SCHEMA_VERSION}; regenerate it with "
-                        "`tools/bazel run //jit_cache:update_inventory`")
-    sites = _need(data, "sites", dict, where)
-    _need(data, "unreached", list, where)
-    for site_id, site in sites.items():
-        if not isinstance(site, dict) or site.get("status") not in (PREBUILT, GAP) or not site.get("reason"):
-            raise UserError(f"{where}: site {site_id} has no status prebuilt|gap with a reason; regenerate it "
-                            "with `tools/bazel run //jit_cache:update_inventory`")
+    check_json(data, INVENTORY, where, REGENERATE)
 
 
 def differences(built: Mapping[str, Any], checked_in: Mapping[str, Any]) -> list[str]:

@@ -41,7 +41,8 @@ from typing import Any, Sequence
 from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically, read_only_copy
 from tools.common.hashing import sha256_file
-from tools.common.jsonfmt import loads_unique_keys, review_json
+from tools.common.jsondata import ANY, TEXT, ListOf, MapOf, Nullable, Object, json_path, load_json_file
+from tools.common.jsonfmt import review_json
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 MANIFEST = "kimi-k3-sglang-jit.json"
@@ -61,50 +62,41 @@ def log(msg: str) -> None:
     print(f"jit_cache: {msg}", file=sys.stderr, flush=True)
 
 
-def load_modules(path: Path, stack: str) -> list[dict[str, Any]]:
-    """The stack's entries of jit_cache/sglang_modules.json, checked: each a `call`
-    ("package.module:function"), `args` (JSON values; {"dtype": "bfloat16"} for a torch dtype)
-    and a `why`."""
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except OSError as e:
-        raise UserError(f"--modules {path}: cannot read ({e.strerror})") from None
-    stacks = data.get("stacks") if isinstance(data, dict) else None
-    if not isinstance(stacks, dict):
-        raise UserError(f"--modules {path}: no \"stacks\" object; see jit_cache/README.md")
+# jit_cache/sglang_modules.json: per stack, the `_jit_*_module` calls built ahead of time.
+SGLANG_MODULES = Object({
+    "stacks": MapOf(ListOf(Object({"call": TEXT, "why": TEXT}, optional={"args": ListOf(ANY)}))),
+}, optional={"description": TEXT})
+# A --runtime file's (tools/gpu_suite/gpu_host.json) sglang_jit_runtime object: distribution ->
+# the version the runtime reports, null when it is not installed there.
+SGLANG_JIT_RUNTIME = Object({"cuda_home": TEXT}, optional={"distributions": MapOf(Nullable(TEXT)), "why": TEXT})
+# What this module reads of the file; its other fields are other readers'.
+RUNTIME_FILE = Object({RUNTIME_KEY: SGLANG_JIT_RUNTIME}, other=ANY)
+
+
+def load_modules(path: Path, stack: str, flag: str = "--modules", required: bool = True) -> list[dict[str, Any]]:
+    """The stack's entries of jit_cache/sglang_modules.json (given as `flag`), checked: each a
+    `call` ("package.module:function"), `args` (JSON values; {"dtype": "bfloat16"} for a torch
+    dtype) and a `why`. A stack the file does not list: [] unless `required`."""
+    stacks = load_json_file(path, flag, SGLANG_MODULES, "see jit_cache/README.md")["stacks"]
     if stack not in stacks:
-        raise UserError(f"--modules {path}: no entry for stack {stack!r} (has: "
+        if not required:
+            return []
+        raise UserError(f"{flag} {path}: no entry for stack {stack!r} (has: "
                         f"{', '.join(sorted(stacks))}); add stacks.{stack}")
     entries = stacks[stack]
-    if not isinstance(entries, list):
-        raise UserError(f"--modules {path}: stacks.{stack} is not a list")
     seen = set()
     for i, entry in enumerate(entries):
-        where = f"--modules {path}: stacks.{stack}[{i}]"
-        if not isinstance(entry, dict) or set(entry) - {"call", "args", "why"}:
-            raise UserError(f"{where}: an object of call, args, why only")
-        call = entry.get("call")
-        if not isinstance(call, str) or call.count(":") != 1 or not all(call.split(":")):
+        where = f"{flag} {path}: {json_path(['stacks', stack, i])}"
+        call = entry["call"]
+        if call.count(":") != 1 or not all(call.split(":")):
             raise UserError(f"{where}: call {call!r} is not \"package.module:function\"")
-        if not isinstance(entry.get("args", []), list):
-            raise UserError(f"{where}: args is not a list")
-        if not isinstance(entry.get("why"), str) or not entry["why"].strip():
-            raise UserError(f"{where}: why is missing: say which call site needs it")
+        if not entry["why"].strip():
+            raise UserError(f"{where}: why is empty: say which call site needs it")
         key = json.dumps([call, entry.get("args", [])], sort_keys=True)
         if key in seen:
             raise UserError(f"{where}: {call} with these args is listed twice; delete one")
         seen.add(key)
     return entries
-
-
-def runtime_object(path: Path, key: str) -> tuple[Any, str]:
-    """(PATH's `key` object or None, where it is for messages): another host's runtime file
-    (tools/gpu_suite/gpu_host.json), read for the first-use builds' --runtime."""
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"--runtime {path}: cannot read JSON ({e}); fix the file") from None
-    return (data.get(key) if isinstance(data, dict) else None), f"--runtime {path}: {key}"
 
 
 def load_runtime(path: Path | None) -> dict[str, Any] | None:
@@ -113,17 +105,13 @@ def load_runtime(path: Path | None) -> dict[str, Any] | None:
     null}} with names from RUNTIME_DISTRIBUTIONS."""
     if path is None:
         return None
-    runtime, where = runtime_object(path, RUNTIME_KEY)
-    if not isinstance(runtime, dict) or set(runtime) - {"cuda_home", "distributions", "why"}:
-        raise UserError(f"{where}: expected an object of cuda_home, distributions (and why); see "
-                        "tools/jit_cache/sglang_aot.py")
-    cuda_home = runtime.get("cuda_home")
-    if not isinstance(cuda_home, str) or not cuda_home.startswith("/"):
+    runtime = load_json_file(path, "--runtime", RUNTIME_FILE, "see tools/jit_cache/sglang_aot.py")[RUNTIME_KEY]
+    where = f"--runtime {path}: {json_path([RUNTIME_KEY])}"
+    cuda_home = runtime["cuda_home"]
+    if not cuda_home.startswith("/"):
         raise UserError(f"{where}.cuda_home: {cuda_home!r} is not an absolute path; give the "
                         "CUDA_HOME the runtime sets (a directory without nvcc)")
     dists = runtime.get("distributions", {})
-    if not isinstance(dists, dict) or not all(v is None or (isinstance(v, str) and v) for v in dists.values()):
-        raise UserError(f"{where}.distributions: expected {{name: version or null}}")
     other = sorted(set(dists) - set(RUNTIME_DISTRIBUTIONS))
     if other:
         raise UserError(f"{where}.distributions: {', '.join(other)} cannot differ from the image "

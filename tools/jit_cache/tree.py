@@ -64,7 +64,7 @@ def _version(root: Path) -> str | None:
 def tree_from_dir(root: Path, what: str) -> SourceTree:
     if not (root / PACKAGE / "__init__.py").is_file():
         raise UserError(f"{what} {root}: no {PACKAGE}/__init__.py there; pass the patch gate's SGLang tree "
-                        f"(`tools/bazel build //sglang_patches:sglang_tree`) or --wheel STACK=WHEEL")
+                        f"(`tools/bazel build //sglang_patches:sglang_tree`) or --wheel WHEEL")
     files = {p.relative_to(root).as_posix(): p for p in sorted((root / PACKAGE).rglob("*.py")) if p.is_file()}
     return SourceTree(root=root, files=files, version=_version(root))
 
@@ -77,7 +77,7 @@ def gated_tree(wheel: Path, stack: str, patch_dir: Path, lock: Path, work: Path)
     from tools.patch_gate.series import load_lock
 
     if not wheel.is_file():
-        raise UserError(f"--wheel {stack}={wheel}: no such file; pass the stack's pinned sglang wheel "
+        raise UserError(f"--wheel {wheel}: no such file; pass the stack's pinned sglang wheel "
                         f"(`python3 -m tools.fetch fetch --pin <the stack's sglang pin>` prints its path)")
     lock_data = load_lock(lock)
     if stack not in lock_data.stacks:
@@ -88,6 +88,6 @@ def gated_tree(wheel: Path, stack: str, patch_dir: Path, lock: Path, work: Path)
             "--lock", str(lock), "--expected-manifest", str(patch_dir / f"{stack}.manifest.json"),
             "--out-dir", str(out)]
     if gate_cli.main(argv) != 0:
-        raise UserError(f"--wheel {stack}={wheel}: the patch gate refused it (above); fix the series or run "
+        raise UserError(f"--wheel {wheel}: the patch gate refused it (above); fix the series or run "
                         f"`tools/bazel run //sglang_patches:update_manifest` for the stack")
-    return tree_from_dir(out, f"--wheel {stack}")
+    return tree_from_dir(out, f"the patch gate's tree of --wheel {wheel} at")

@@ -42,7 +42,8 @@ from typing import Any, Iterator, Sequence
 from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically, read_only_copy, write_bytes_atomic
 from tools.common.hashing import sha256_file
-from tools.common.jsonfmt import loads_unique_keys, review_json
+from tools.common.jsondata import ANY, INTEGER, TEXT, ListOf, MapOf, Object, json_path, load_json_file
+from tools.common.jsonfmt import review_json
 
 WORKER = Path(__file__).with_name("triton_worker.py")
 MANIFEST = "kimi-k3-triton.json"
@@ -70,36 +71,35 @@ def log(msg: str) -> None:
     print(f"jit_cache: {msg}", file=sys.stderr, flush=True)
 
 
-def load_calls(path: Path, stack: str) -> list[dict[str, Any]]:
-    """The stack's entries of jit_cache/triton_calls.json, checked: each a `call` of
-    triton_worker.py, its `args` object, the `kernels` it runs (`module:function`, sorted; the
-    build checks them, the inventory marks their sites prebuilt) and a `why`."""
-    try:
-        data = loads_unique_keys(path.read_text(), str(path))
-    except OSError as e:
-        raise UserError(f"--calls {path}: cannot read ({e.strerror})") from None
-    stacks = data.get("stacks") if isinstance(data, dict) else None
-    if not isinstance(stacks, dict) or stack not in stacks:
-        raise UserError(f"--calls {path}: no stacks.{stack}; add it (a list of calls, [] for none)")
+# jit_cache/triton_calls.json: per stack, the calls whose Triton kernels are built ahead of time.
+TRITON_CALLS = Object({
+    "stacks": MapOf(ListOf(Object({"call": TEXT, "args": MapOf(ANY), "kernels": ListOf(TEXT, non_empty=True),
+                                   "why": TEXT}))),
+}, optional={"description": TEXT})
+
+
+def load_calls(path: Path, stack: str, flag: str = "--calls", required: bool = True) -> list[dict[str, Any]]:
+    """The stack's entries of jit_cache/triton_calls.json (given as `flag`), checked: each a
+    `call` of triton_worker.py, its `args` object, the `kernels` it runs (`module:function`,
+    sorted; the build checks them, the inventory marks their sites prebuilt) and a `why`. A
+    stack the file does not list: [] unless `required`."""
+    stacks = load_json_file(path, flag, TRITON_CALLS)["stacks"]
+    if stack not in stacks:
+        if not required:
+            return []
+        raise UserError(f"{flag} {path}: no stacks.{stack}; add it (a list of calls, [] for none)")
     entries = stacks[stack]
-    if not isinstance(entries, list):
-        raise UserError(f"--calls {path}: stacks.{stack} is not a list")
     seen = set()
     for i, entry in enumerate(entries):
-        where = f"--calls {path}: stacks.{stack}[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"call", "args", "kernels", "why"}:
-            raise UserError(f"{where}: an object of call, args, kernels, why")
+        where = f"{flag} {path}: {json_path(['stacks', stack, i])}"
         kernels = entry["kernels"]
-        if not isinstance(kernels, list) or not kernels or kernels != sorted(set(kernels)) or not all(
-                isinstance(k, str) and k.count(":") == 1 and all(k.split(":")) for k in kernels):
+        if kernels != sorted(set(kernels)) or not all(k.count(":") == 1 and all(k.split(":")) for k in kernels):
             raise UserError(f"{where}: kernels must be the sorted \"module:function\" list of the Triton "
                             "kernels the call runs (build-triton names them when they differ)")
         if entry["call"] not in CALLS:
             raise UserError(f"{where}: call {entry['call']!r} is not one of {', '.join(CALLS)} "
                             "(tools/jit_cache/triton_worker.py CALLS)")
-        if not isinstance(entry["args"], dict):
-            raise UserError(f"{where}: args is not an object")
-        if not isinstance(entry["why"], str) or not entry["why"].strip():
+        if not entry["why"].strip():
             raise UserError(f"{where}: why is empty: say which serving path makes this call")
         key = json.dumps([entry["call"], entry["args"]], sort_keys=True)
         if key in seen:
@@ -134,7 +134,16 @@ def _device(arch: str, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 RUNTIME_KEY = "triton_runtime"
-RUNTIME_FIELDS = {"why", "triton_wheel", "python_include_deb", "site_packages", "libcuda_path", "device"}
+# A --runtime file's (tools/gpu_suite/gpu_host.json) triton_runtime object (load_runtime says
+# what each field is).
+TRITON_RUNTIME = Object({
+    "why": TEXT, "triton_wheel": TEXT, "python_include_deb": TEXT, "site_packages": TEXT, "libcuda_path": TEXT,
+    # What Triton's driver.active.utils.get_device_properties(0) returns on the host.
+    "device": Object({"capability": ListOf(INTEGER), "device_name": TEXT, "device_properties": MapOf(INTEGER)}),
+})
+# What this module reads of the file: its `python` and triton_runtime; the other fields are the
+# GPU suite's.
+RUNTIME_FILE = Object({"python": TEXT, RUNTIME_KEY: TRITON_RUNTIME}, other=ANY)
 
 
 def load_runtime(path: Path | None) -> dict[str, Any] | None:
@@ -144,24 +153,20 @@ def load_runtime(path: Path | None) -> dict[str, Any] | None:
     Python's headers (python_include_deb; the Python is the file's `python`, X.Y), the
     TRITON_LIBCUDA_PATH it runs with, and its device as Triton reads it. Returned with `python`
     and its `ext_suffix` (the extension file suffix of CPython X.Y on x86-64 Linux) added."""
-    from tools.jit_cache.sglang_aot import runtime_object
-
     if path is None:
         return None
-    runtime, where = runtime_object(path, RUNTIME_KEY)
-    python, _ = runtime_object(path, "python")
-    if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
-        raise UserError(f"--runtime {path}: python: {python!r} is not a CPython X.Y; give the host's")
-    if not isinstance(runtime, dict) or set(runtime) != RUNTIME_FIELDS:
-        raise UserError(f"{where}: expected an object of {', '.join(sorted(RUNTIME_FIELDS))}")
+    data = load_json_file(path, "--runtime", RUNTIME_FILE)
+    python, runtime = data["python"], data[RUNTIME_KEY]
+    if not re.fullmatch(r"3\.\d+", python):
+        raise UserError(f"--runtime {path}: $.python: {python!r} is not a CPython X.Y; give the host's")
     for name in ("site_packages", "libcuda_path"):
-        if not isinstance(runtime[name], str) or not runtime[name].startswith("/"):
-            raise UserError(f"{where}.{name}: {runtime[name]!r} is not an absolute path")
-    device = runtime["device"]
-    if not (isinstance(device, dict) and set(device) == {"capability", "device_name", "device_properties"}
-            and isinstance(device["capability"], list) and len(device["capability"]) == 2):
-        raise UserError(f"{where}.device: expected capability [major, minor], device_name, device_properties "
-                        "(what Triton's driver.active.utils.get_device_properties(0) returns on the host)")
+        if not runtime[name].startswith("/"):
+            raise UserError(f"--runtime {path}: {json_path([RUNTIME_KEY, name])}: {runtime[name]!r} is not an "
+                            "absolute path")
+    if len(runtime["device"]["capability"]) != 2:
+        raise UserError(f"--runtime {path}: {json_path([RUNTIME_KEY, 'device', 'capability'])}: expected "
+                        "[major, minor] (what Triton's driver.active.utils.get_device_properties(0) returns on "
+                        "the host)")
     return dict(runtime, python=python, ext_suffix=f".cpython-{python.replace('.', '')}-x86_64-linux-gnu.so")
 
 

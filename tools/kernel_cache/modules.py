@@ -4,12 +4,12 @@ arch lists (FLASHINFER_CUDA_ARCH_LIST entries such as 12.0f or 9.0a)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from tools.common.errors import UserError
+from tools.common.jsondata import ANY, TEXT, Enum, ListOf, MapOf, Object, json_path, load_json_file
 
 VARIANTS = ("lean", "full")
 # nvcc emits e.g. "sm_120" for compute_120f; the ELF check compares the numeric part.
@@ -40,19 +40,30 @@ class ModuleDecl:
         return not self.archs or arch in self.archs
 
 
+# kernel_cache/modules.json (its description and kernel_cache/README.md say what each field is for).
+MODULES_FILE = Object({
+    "schema_version": Enum(1),
+    "modules": ListOf(Object({"name": TEXT, "generator": TEXT}, optional={
+        "why": TEXT,
+        "archs": ListOf(TEXT),  # empty or absent: every arch
+        "kwargs": MapOf(ANY),  # the generator's keyword arguments
+        "variant_kwargs": MapOf(MapOf(ANY)),  # per variant (VARIANTS), over kwargs
+        "source_markers": ListOf(Object({"path": TEXT, "regex": TEXT}, optional={"why": TEXT})),
+    })),
+}, optional={"description": TEXT})
+
+
 def load_modules(path: Path) -> list[ModuleDecl]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"--modules {path}: cannot read JSON ({e}); fix the file") from None
-    if data.get("schema_version") != 1 or not isinstance(data.get("modules"), list):
-        raise UserError(f"--modules {path}: expected schema_version 1 and a 'modules' list")
+    data = load_json_file(path, "--modules", MODULES_FILE)
     decls: list[ModuleDecl] = []
     for i, m in enumerate(data["modules"]):
-        where = f"--modules {path}: modules[{i}]"
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str) \
-                or not re.fullmatch(r"[\w.]+:\w+", str(m.get("generator", ""))):
-            raise UserError(f"{where}: needs 'name' and 'generator' as 'package.module:function'")
+        if not re.fullmatch(r"[\w.]+:\w+", m["generator"]):
+            raise UserError(f"--modules {path}: {json_path(['modules', i, 'generator'])}: {m['generator']!r} is not "
+                            "'package.module:function'")
+        unknown = sorted(set(m.get("variant_kwargs", {})) - set(VARIANTS))
+        if unknown:
+            raise UserError(f"--modules {path}: {json_path(['modules', i, 'variant_kwargs'])}: {', '.join(unknown)} "
+                            f"is not a variant ({', '.join(VARIANTS)})")
         markers = tuple(SourceMarker(path=k["path"], regex=k["regex"], why=k.get("why", ""))
                         for k in m.get("source_markers", []))
         decls.append(ModuleDecl(

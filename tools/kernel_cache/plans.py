@@ -135,7 +135,8 @@ def recorded_input_drift(ref: PlanRef, inputs: Inputs) -> list[str]:
     if plan["flashinfer_version"] != version:
         problems.append(f"flashinfer_version {plan['flashinfer_version']}, stack {ref.stack}'s pin {pin.name} "
                         f"is {version}")
-    digest = gate_tree_digest(inputs.wheel(ref.stack), read_manifest(inputs.manifest_path(ref.stack)))
+    digest = gate_tree_digest(inputs.wheel(ref.stack), read_manifest(inputs.manifest_path(ref.stack),
+                                                                     "the --patch-dir manifest"))
     if plan["patched_source_digest"] != digest:
         problems.append(f"patched_source_digest {plan['patched_source_digest'][:16]}, the patch gate's tree of "
                         f"stack {ref.stack} ({pin.name} + {inputs.manifest_path(ref.stack).name}) is {digest[:16]}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tools.common.errors import UserError
-from tools.common.jsonfmt import loads_unique_keys
+from tools.common.jsondata import ANY, TEXT, Enum, MapOf, Object, json_path, load_json_file
 
 SELECTIONS_SCHEMA = 1
 # The selection that changes nothing: FlashInfer's own source lists, as before selections.
@@ -55,40 +55,39 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # selections.json
 # --------------------------------------------------------------------------------------------
 
+# kernel_cache/selections.json down to each module's selection, which _check_module_selection
+# checks with what FlashInfer's names look like.
+SELECTIONS_FILE = Object({
+    "schema_version": Enum(SELECTIONS_SCHEMA),
+    "selections": MapOf(Object({}, optional={"arch": TEXT, "description": TEXT, "modules": MapOf(ANY)})),
+}, optional={"description": TEXT, "default_for_arch": MapOf(TEXT)})
+
+
 def load_selections(path: Path) -> dict[str, Any]:
     """The validated file: {"selections": {name: {...}}, "default_for_arch": {arch: name}}.
     Everything that can be wrong without FlashInfer is refused here, one line naming the entry
     and the fix: a key, runner, GEMM runner, dtype pair or tile given twice (a second copy would
     be shadowed by the first, or make the plan's generated sources unreproducible), tiles on a
     kernel that cannot take them. Names FlashInfer does not have are refused by the probe."""
-    try:
-        data = loads_unique_keys(path.read_text(), f"--selections {path}")
-    except (OSError, ValueError) as e:
-        raise UserError(f"--selections {path}: cannot read JSON ({e}); fix the file") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SELECTIONS_SCHEMA \
-            or not isinstance(data.get("selections"), dict) \
-            or not isinstance(data.get("default_for_arch", {}), dict):
-        raise UserError(f"--selections {path}: expected schema_version {SELECTIONS_SCHEMA}, a "
-                        "'selections' object and optionally a 'default_for_arch' object")
+    data = load_json_file(path, "--selections", SELECTIONS_FILE)
     sels = data["selections"]
     if FULL not in sels:
-        raise UserError(f"--selections {path}: the '{FULL}' selection (everything) is missing")
+        raise UserError(f"--selections {path}: $.selections: the '{FULL}' selection (everything) is missing")
     for name, sel in sels.items():
-        where = f"--selections {path}: selections.{name}"
-        if not _NAME_RE.match(name) or not isinstance(sel, dict):
-            raise UserError(f"{where}: names are lower-case words with '-', values objects")
+        where = f"--selections {path}: {json_path(['selections', name])}"
+        if not _NAME_RE.match(name):
+            raise UserError(f"{where}: names are lower-case words with '-'")
         if name == FULL:
             if sel.get("modules"):
                 raise UserError(f"{where}: '{FULL}' filters nothing; it takes no 'modules'")
             continue
-        if not isinstance(sel.get("arch"), str) or not isinstance(sel.get("modules"), dict):
+        if "arch" not in sel or "modules" not in sel:
             raise UserError(f"{where}: needs 'arch' (e.g. 12.0f) and 'modules'")
         for mod, ms in sel["modules"].items():
             _check_module_selection(f"{where}.modules.{mod}", ms)
     for arch, name in data.get("default_for_arch", {}).items():
-        if not isinstance(name, str) or name not in sels \
-                or (name != FULL and sels[name]["arch"] != arch):
-            raise UserError(f"--selections {path}: default_for_arch.{arch} = {name!r} is not a "
+        if name not in sels or (name != FULL and sels[name]["arch"] != arch):
+            raise UserError(f"--selections {path}: {json_path(['default_for_arch', arch])}: {name!r} is not a "
                             f"selection for arch {arch}")
     return data
 

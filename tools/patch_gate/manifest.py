@@ -7,17 +7,37 @@ newline): committed manifests diff only where their content changed.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
+from tools.common.jsondata import INTEGER, TEXT, Enum, ListOf, Nullable, Object, load_json_file, parse_json
 from tools.common.jsonfmt import review_json
 from tools.patch_gate.result import GateResult
 
 MANIFEST_SCHEMA_VERSION = 1
+# What build_manifest writes: the committed <stack>.manifest.json and the gate's manifest.json.
+MANIFEST = Object({
+    "schema_version": Enum(MANIFEST_SCHEMA_VERSION),
+    "series": TEXT,
+    "layout": Object({"file": TEXT, "sha256": TEXT}),
+    "target": Object({"pin": Nullable(TEXT), "sha256": Nullable(TEXT), "dist": Nullable(TEXT),
+                      "version": Nullable(TEXT)}),
+    "patches": ListOf(Object({
+        "entry": TEXT, "sha256": TEXT, "state": TEXT,
+        "files": ListOf(Object({"source": TEXT, "wheel": TEXT, "hunks": INTEGER,
+                                "offsets": ListOf(Object({"hunk": INTEGER, "lines": INTEGER}))})),
+        "excluded": ListOf(Object({"source": TEXT, "why": TEXT})),
+    })),
+    # null: the file is not there before (added) or after (deleted) the series.
+    "changed_files": ListOf(Object({"path": TEXT, "sha256_before": Nullable(TEXT), "sha256_after": Nullable(TEXT),
+                                    "changed_by": ListOf(TEXT)})),
+    "untouched_files_verified": INTEGER,
+    "record_files_with_hash": INTEGER,
+})
+BUILT_FIX = "pass the patch gate's manifest.json"
 
 
 def build_manifest(result: GateResult) -> dict[str, Any]:
@@ -89,15 +109,10 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     write_bytes_atomic(path, review_json(manifest))
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The expected (committed) manifest; unreadable or another schema is bad input naming the fix."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--expected-manifest {path}: unreadable ({e}); {fix_command(path)} creates it") from e
-    if not isinstance(doc, dict) or doc.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        raise UserError(f"{path}: not a schema_version {MANIFEST_SCHEMA_VERSION} patch gate manifest; {fix_command(path)} rewrites it")
-    return doc
+def read_manifest(path: Path, what: str = "--expected-manifest") -> dict[str, Any]:
+    """The expected (committed) manifest; unreadable or not a manifest is bad input naming `what`
+    (how the user gave it) and the fix."""
+    return load_json_file(path, what, MANIFEST, f"{fix_command(path)} writes it")
 
 
 def fix_command(expected_path: Path) -> str:
@@ -120,12 +135,9 @@ def print_drift(expected_path: Path, drift: list[str]) -> None:
           f"{expected_path}", file=sys.stderr)
 
 
-def read_built(path: Path) -> Any:
+def read_built(path: Path) -> dict[str, Any]:
     """The manifest the gate wrote (`--built`)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--built {path}: unreadable ({e}); pass the gate's manifest.json") from e
+    return load_json_file(path, "--built", MANIFEST, BUILT_FIX)
 
 
 def check_manifest(built_path: Path, expected_path: Path) -> list[str]:
@@ -140,12 +152,10 @@ def install_manifest(built_path: Path, expected_path: Path) -> tuple[Path, list[
     Returns the path written and the fields that changed (None: there was no readable manifest).
     """
     built = read_built(built_path)
-    if not isinstance(built, dict) or built.get("schema_version") != MANIFEST_SCHEMA_VERSION or "patches" not in built:
-        raise UserError(f"--built {built_path}: not a patch gate manifest; pass the gate's manifest.json")
     target = workspace_path(expected_path)
     try:
-        old = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        old = parse_json(target.read_text(encoding="utf-8"), str(target)) if target.is_file() else None
+    except (OSError, UnicodeDecodeError, UserError):
         old = None  # an unreadable manifest is what this command repairs
     write_manifest(target, built)
     return target, manifest_drift(old, built) if isinstance(old, dict) else None

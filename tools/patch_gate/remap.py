@@ -5,12 +5,12 @@ wheel, with why); the longest matching rule wins and a path no rule covers is an
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_bytes
+from tools.common.jsondata import parse_json
 from tools.patch_gate.patch import Hunk, split_patch
 from tools.patch_gate.series import PatchSource
 from tools.patch_gate.wheel import check_member_path
@@ -79,9 +79,11 @@ class WheelLayout:
         where = f"--layout {path}"
         try:
             data = path.read_bytes()
-            doc = json.loads(data)
-        except (OSError, ValueError) as e:  # ValueError: bad JSON, and bytes that are not UTF-8
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"{where}: unreadable ({e}); pass a wheel_layout.json") from e
+        # The fields are checked by hand below: each message names the rule by its number and the fix.
+        doc = parse_json(text, where)
         if not isinstance(doc, dict):
             raise UserError(f"{where}: holds {_JSON_KINDS[type(doc)]}, not an object "
                             f'{{"schema_version": {LAYOUT_SCHEMA_VERSION}, "map": [...], "exclude": [...]}}; fix the file')

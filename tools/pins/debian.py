@@ -29,7 +29,6 @@ process per comparison, thousands per resolution).
 from __future__ import annotations
 
 import argparse
-import json
 import lzma
 import re
 import shutil
@@ -46,6 +45,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from tools.common.errors import UserError
 from tools.common.files import write_bytes_atomic
 from tools.common.hashing import sha256_bytes
+from tools.common.jsondata import ANY, Enum, MapOf, Object, load_json_file
 from tools.common.jsonfmt import canonical_json, review_json
 from tools.common.progress import human_bytes
 from tools.pins.lock import REPO_ROOT, FilePin, is_sha256
@@ -554,15 +554,9 @@ def parse_set(name: str, obj: Any, path: Path) -> DebSet:
 def read_raw(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {"schema_version": SCHEMA_VERSION, "sets": {}}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise UserError(f"{path}: not valid JSON ({e}); restore it from git") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or not isinstance(
-            data.get("sets"), dict):
-        raise UserError(f"{path}: expected {{\"schema_version\": {SCHEMA_VERSION}, \"sets\": {{...}}}}; restore it "
-                        "from git")
-    return data
+    # Each set's fields are checked by parse_set, which also checks what add-set is about to write.
+    return load_json_file(path, "Debian lock", Object({"schema_version": Enum(SCHEMA_VERSION), "sets": MapOf(ANY)}),
+                          "restore it from git")
 
 
 def load_sets(path: Path | str = DEFAULT_LOCK) -> dict[str, DebSet]:

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence, Union
 
 from tools.common.errors import UserError
 from tools.common.files import write_text_atomic
-from tools.common.jsonfmt import loads_unique_keys
+from tools.common.jsondata import parse_json
 
 SCHEMA_VERSION = 1
 # absolute(), not resolve(): under Bazel, tools/ and third_party/ are runfiles symlinks whose
@@ -423,11 +423,9 @@ def read_raw(path: Path) -> Any:
     except OSError as e:
         raise UserError(f"{path}: cannot read lock file ({e.strerror}); check its permissions") from None
 
-    try:
-        # A key twice (e.g. a duplicated pin) is an error, not silently the last one.
-        return loads_unique_keys(text, str(path))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    # A key twice (e.g. a duplicated pin) is an error, not silently the last one. The fields are
+    # checked by parse_lock, by hand: its messages name the pin or stack and the fix.
+    return parse_json(text, str(path))
 
 
 def load(path: Path | str = DEFAULT_LOCK) -> Lock:

@@ -70,11 +70,11 @@ def test_the_three_roles_are_valid_profiles() -> None:
     ({"placeholders": {"MODEL_PATH": {"description": "d", "example": "/m"}}}, "used but not declared"),
     ({"checkpoint": {"placeholder": "MODEL_PATH", "config": {"architectures": ["X"], "model_type": "x",
                                                              "num_hidden_layers": 61}}},
-     "the only checkpoint facts the check may assume"),
-    ({"needs": {}}, "kernel_selection"),
-    ({"schema_version": 2}, "not a launch profile"),
-    ({"args": ["--port", 30000]}, "args[1]: expected a non-empty string"),
-    ({"extra": 1}, "unknown keys ['extra']"),
+     "$.checkpoint.config: unknown key 'num_hidden_layers' (known: architectures, model_type)"),
+    ({"needs": {}}, "$.needs: missing key 'kernel_selection'"),
+    ({"schema_version": 2}, "$.schema_version: expected 1, found the number 2"),
+    ({"args": ["--port", 30000]}, "$.args[1]: expected a non-empty string, found the number 30000"),
+    ({"extra": 1}, "$: unknown key 'extra' (known: args, checkpoint"),
 ])
 def test_a_malformed_profile_is_one_line_naming_the_file(tmp_path: Path, changes: dict, message: str) -> None:
     path = write_profile(tmp_path, "broken", **changes)
@@ -98,6 +98,30 @@ def test_the_needs_table_names_only_features_the_probe_knows(tmp_path: Path) -> 
     path.write_text(json.dumps(table))
     with pytest.raises(UserError, match="feature 'situ-typo' has no probe; known: situ-mxfp4-cutlass"):
         profiles.load_needs(path)
+
+
+@pytest.mark.parametrize("where, wrong, expected", [
+    (["architectures"], [], "$.architectures: expected an object, found a list"),
+    (["settings", "sampling_backend"], [], "$.settings.sampling_backend: expected an object, found a list"),
+    (["settings", "sampling_backend", "flashinfer"], [], "$.settings.sampling_backend.flashinfer: expected an object, "
+                                                         "found a list"),
+    (["architectures", "KimiK3ForConditionalGeneration", "modules"], ["norm"],
+     "$.architectures.KimiK3ForConditionalGeneration.modules: expected an object, found a list"),
+], ids=["architectures", "a setting", "a setting's value", "an entry's modules"])
+def test_a_needs_table_of_the_wrong_shape_is_one_line_naming_the_path(tmp_path: Path, where: list[str], wrong: object,
+                                                                      expected: str) -> None:
+    """A part of image/backend_needs.json of the wrong type: one line naming --needs, the file and
+    the JSON path (before: an AttributeError traceback from `profiles validate --needs FILE`)."""
+    table = json.loads(profiles.DEFAULT_NEEDS.read_text())
+    parent = table
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = wrong
+    path = tmp_path / "needs.json"
+    path.write_text(json.dumps(table))
+    with pytest.raises(UserError) as e:
+        profiles.main(["validate", "--needs", str(path)])
+    assert str(e.value).startswith(f"--needs {path}: {expected}; ") and "\n" not in str(e.value), str(e.value)
 
 
 def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
@@ -389,7 +413,8 @@ def test_validate_refuses_a_flag_or_a_key_given_twice(tmp_path: Path) -> None:
         profiles.load_profiles(tmp_path)
     text = (profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text()
     (tmp_path / "p.json").write_text(text.replace('"env": {', '"env": {"NCCL_SOCKET_IFNAME": "lo", ', 1))
-    with pytest.raises(UserError, match=r"p.json: key 'NCCL_SOCKET_IFNAME' appears twice in one object \(the object at line \d+\); remove one"):
+    with pytest.raises(UserError, match=r"p.json: \$\.env: key 'NCCL_SOCKET_IFNAME' appears twice in one object "
+                                        r"\(the object at line \d+\); remove one"):
         profiles.load_profiles(tmp_path)
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tools.common.errors import UserError
-from tools.common.jsonfmt import loads_unique_keys, review_json
+from tools.common.jsondata import load_json_file
+from tools.common.jsonfmt import review_json
 from tools.jit_cache import cli
-from tools.jit_cache.inventory import read_json, validate_inventory, validate_reach
+from tools.jit_cache.inventory import CHECKPOINT_FACTS, REACH, validate_inventory, validate_reach
 from tools.jit_cache.sites import scan_module
 
 REPO_ROOT = Path(__file__).absolute().parents[3]
@@ -142,14 +143,17 @@ def write_fixture(root: Path, files: dict[str, str] = FIXTURE, profile: dict = P
     (root / "facts.json").write_text(json.dumps({"schema_version": 1, "architectures": {}}))
     (root / "needs.json").write_text(json.dumps({"architectures": {"ToyForCausalLM": {"modules": {"norm": {}}}}}))
     (root / "plan.bzl").write_text('KERNEL_CACHE_PLAN = {"schema_version": 1, "modules": [{"name": "norm"}]}\n')
+    # The stacks the fixture's inventories are for: the inventory refuses a stack the lock lacks.
+    (root / "pins.lock.json").write_text(json.dumps({"schema_version": 1, "pins": {},
+                                                     "stacks": {"toy": {}, "other": {}}}))
     return {"tree": tree, "profiles": root / "profiles", "reach": root / "reach.json", "facts": root / "facts.json",
-            "needs": root / "needs.json", "plan": root / "plan.bzl"}
+            "needs": root / "needs.json", "plan": root / "plan.bzl", "lock": root / "pins.lock.json"}
 
 
 def inventory_args(paths: dict[str, Path], out: Path, stack: str = "toy") -> list[str]:
     return ["inventory", "--stack", stack, "--tree", str(paths["tree"]), "--profiles", str(paths["profiles"]),
             "--reach", str(paths["reach"]), "--facts", str(paths["facts"]), "--backend-needs", str(paths["needs"]),
-            "--kernel-plan", str(paths["plan"]), "--out", str(out)]
+            "--kernel-plan", str(paths["plan"]), "--lock", str(paths["lock"]), "--out", str(out)]
 
 
 @pytest.fixture
@@ -318,11 +322,14 @@ def test_malformed_inventory_is_one_line(built: tuple[dict[str, Path], dict], tm
     (checked_in / "inventory.toy.json").write_text('{"schema_version": 1, "sites": {"x": {"status": "maybe"}}, "unreached": []}')
     with pytest.raises(UserError) as e:
         cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"])
-    assert "site x has no status prebuilt|gap" in _one_line(e)
+    assert _one_line(e) == (f"checked-in inventory {checked_in / 'inventory.toy.json'}: $.sites.x.status: expected "
+                            '"prebuilt" or "gap", found the string "maybe"; regenerate it with '
+                            "`tools/bazel run //jit_cache:update_inventory`")
     (checked_in / "inventory.toy.json").write_text("{not json")
     with pytest.raises(UserError) as e:
         cli.main(["check", f"--built=toy={tmp_path / 'inventory.toy.json'}", f"--inventory-dir={checked_in}"])
-    assert "not JSON" in _one_line(e)
+    assert _one_line(e).startswith(f"checked-in inventory {checked_in / 'inventory.toy.json'}: invalid JSON at "
+                                   "line 1 column 2 (")
 
 
 def test_duplicate_key_in_reach_is_one_line(tmp_path: Path) -> None:
@@ -330,16 +337,59 @@ def test_duplicate_key_in_reach_is_one_line(tmp_path: Path) -> None:
     paths["reach"].write_text('{"entry_modules": [], "entry_modules": []}')
     with pytest.raises(UserError) as e:
         cli.main(inventory_args(paths, tmp_path / "out.json"))
-    assert "key 'entry_modules' appears twice" in _one_line(e)
+    assert _one_line(e) == (f"--reach {paths['reach']}: $: key 'entry_modules' appears twice in one object (the "
+                            "object at line 1); remove one")
+
+
+@pytest.mark.parametrize("flag", ["--triton-calls", "--sglang-modules"])
+def test_an_ahead_of_time_list_of_the_wrong_shape_is_one_line_naming_the_flag_passed(tmp_path: Path, flag: str) -> None:
+    """The inventory's --triton-calls / --sglang-modules file whose top level, or whose stack's
+    entry, has the wrong type: one line naming the flag as the user passed it (not the build
+    commands' --calls / --modules), the file and the JSON path; no inventory written."""
+    paths = write_fixture(tmp_path)
+    bad, out = tmp_path / "aot.json", tmp_path / "out.json"
+    for text, expected in (("[]", "$: expected an object, found a list"),
+                           ('{"stacks": {"toy": {}}}', "$.stacks.toy: expected a list, found an object")):
+        bad.write_text(text)
+        with pytest.raises(UserError) as e:
+            cli.main(inventory_args(paths, out) + [flag, str(bad)])
+        assert _one_line(e).startswith(f"{flag} {bad}: {expected}; "), str(e.value)
+        assert not out.exists()
+
+
+def test_an_unknown_stack_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    """An inventory is for a stack of the lock: another name is one line naming it and the
+    lock's stacks, and nothing is written."""
+    paths = write_fixture(tmp_path)
+    out = tmp_path / "out.json"
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, out, stack="UNKNOWN"))
+    assert _one_line(e) == (f"--stack UNKNOWN: not a stack of {paths['lock']} (its stacks: other, toy); "
+                            "pass one of them")
+    assert not out.exists()
+
+
+def test_the_wheel_hints_spell_the_wheel_flag_as_the_inventory_takes_it(tmp_path: Path) -> None:
+    """--wheel takes WHEEL (the stack is --stack): its messages say `--wheel WHEEL`, never STACK=WHEEL."""
+    paths = write_fixture(tmp_path)
+    wheel = tmp_path / "nowhere.whl"
+    args = [a for a in inventory_args(paths, tmp_path / "out.json") if a != str(paths["tree"]) and a != "--tree"]
+    with pytest.raises(UserError) as e:
+        cli.main(args + ["--wheel", str(wheel)])
+    assert _one_line(e).startswith(f"--wheel {wheel}: no such file; "), str(e.value)
+    paths["tree"] = tmp_path / "nowhere"
+    with pytest.raises(UserError) as e:
+        cli.main(inventory_args(paths, tmp_path / "out.json"))
+    assert "=" not in _one_line(e) and "--wheel WHEEL" in str(e.value)
 
 
 def test_checked_in_data_files() -> None:
-    reach = read_json(REPO_ROOT / "jit_cache" / "reach.json", "reach")
+    reach = load_json_file(REPO_ROOT / "jit_cache" / "reach.json", "reach", REACH)
     validate_reach(reach, "jit_cache/reach.json")
     declared = {m["name"] for m in json.loads((REPO_ROOT / "kernel_cache" / "modules.json").read_text())["modules"]}
     unknown = sorted(set(reach["flashinfer_apis"].values()) - declared)
     assert unknown == [], f"jit_cache/reach.json flashinfer_apis name modules kernel_cache/modules.json lacks: {unknown}"
-    facts = loads_unique_keys((REPO_ROOT / "jit_cache" / "checkpoint_facts.json").read_text(), "facts")
+    facts = load_json_file(REPO_ROOT / "jit_cache" / "checkpoint_facts.json", "facts", CHECKPOINT_FACTS)
     for arch, entry in facts["architectures"].items():
         assert arch in reach["architectures"]
         for name, fact in entry["facts"].items():

@@ -113,8 +113,9 @@ def test_the_gpu_hosts_cache_answers_the_keys_of_that_hosts_runtime(capsys: pyte
     ({"cuda_home": "rel/cuda", "distributions": {}}, r"cuda_home: 'rel/cuda' is not an absolute path"),
     ({"cuda_home": "/x", "distributions": {"apache-tvm-ffi": "0.1.15"}},
      r"apache-tvm-ffi cannot differ from the image \(the modules compile against it\)"),
-    ({"cuda_home": "/x", "distributions": {"torch": ""}}, r"distributions: expected \{name: version or null\}"),
-    ({"cuda_home": "/x", "env": {}}, r"expected an object of cuda_home, distributions"),
+    ({"cuda_home": "/x", "distributions": {"torch": ""}},
+     r"\$\.sglang_jit_runtime\.distributions\.torch: expected a non-empty string or null, found the string \"\""),
+    ({"cuda_home": "/x", "env": {}}, r"\$\.sglang_jit_runtime: unknown key 'env' \(known: cuda_home, distributions, why\)"),
 ])
 def test_runtime_mistakes_are_one_line(tmp_path: Path, runtime: dict, message: str) -> None:
     path = tmp_path / "host.json"
@@ -157,9 +158,11 @@ def test_a_cache_of_another_arch_is_refused(capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.parametrize("text, message", [
     ('{"stacks": {"pypi": [{"call": "a.b", "why": "x"}]}}', r'stacks.pypi\[0\]: call .a.b. is not "package.module:function"'),
-    ('{"stacks": {"pypi": [{"call": "a.b:f"}]}}', r"stacks.pypi\[0\]: why is missing"),
+    ('{"stacks": {"pypi": [{"call": "a.b:f"}]}}', r"\$\.stacks\.pypi\[0\]: missing key 'why'"),
+    ('{"stacks": {"pypi": [{"call": "a.b:f", "why": " "}]}}', r"\$\.stacks\.pypi\[0\]: why is empty"),
     ('{"stacks": {"pypi": [{"call": "a.b:f", "why": "x"}, {"call": "a.b:f", "why": "y"}]}}', r"stacks.pypi\[1\]: a.b:f with these args is listed twice"),
-    ('{"stacks": {"pypi": [{"call": "a.b:f", "why": "x", "arg": []}]}}', r"stacks.pypi\[0\]: an object of call, args, why only"),
+    ('{"stacks": {"pypi": [{"call": "a.b:f", "why": "x", "arg": []}]}}',
+     r"\$\.stacks\.pypi\[0\]: unknown key 'arg' \(known: args, call, why\)"),
     ('{"stacks": {"default": []}}', r"no entry for stack 'pypi' \(has: default\); add stacks.pypi"),
     ('{"stacks": {"pypi": []}, "stacks": {}}', r"stacks"),
 ])

@@ -82,8 +82,9 @@ K = ["m.a:k1", "m.b:k2"]
 
 @pytest.mark.parametrize("stacks, message", [
     ({"pypi": [{"call": "nope", "args": {}, "kernels": K, "why": "x"}]}, r"call 'nope' is not one of sglang_kda_prefill"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": "x"}]}, r"an object of call, args, kernels, why"),
-    ({"pypi": [{"call": "sglang_kda_prefill", "args": [], "kernels": K, "why": "x"}]}, r"args is not an object"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "why": "x"}]}, r"\$\.stacks\.pypi\[0\]: missing key 'kernels'"),
+    ({"pypi": [{"call": "sglang_kda_prefill", "args": [], "kernels": K, "why": "x"}]},
+     r"\$\.stacks\.pypi\[0\]\.args: expected an object, found a list"),
     ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": K, "why": " "}]}, r"why is empty"),
     ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": K[::-1], "why": "x"}]}, r"kernels must be the sorted"),
     ({"pypi": [{"call": "sglang_kda_prefill", "args": {}, "kernels": ["k1"], "why": "x"}]}, r"kernels must be the sorted .module:function."),
@@ -125,10 +126,12 @@ def test_the_gpu_hosts_triton_runtime_loads_and_names_its_device() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r.pop("triton_wheel"), r": triton_runtime: expected an object of device, libcuda_path, python_include_deb, "),
-    (lambda r: r.update(python="3.12"), r": triton_runtime: expected an object of device, libcuda_path, python_include_deb, "),
-    (lambda r: r.update(site_packages="opt/site"), r": triton_runtime\.site_packages: 'opt/site' is not an absolute path$"),
-    (lambda r: r["device"].pop("device_properties"), r": triton_runtime\.device: expected capability \[major, minor\]"),
+    (lambda r: r.pop("triton_wheel"), r": \$\.triton_runtime: missing key 'triton_wheel'; fix the file$"),
+    (lambda r: r.update(python="3.12"), r": \$\.triton_runtime: unknown key 'python' \(known: device, libcuda_path, "
+                                        r"python_include_deb, "),
+    (lambda r: r.update(site_packages="opt/site"), r": \$\.triton_runtime\.site_packages: 'opt/site' is not an absolute path$"),
+    (lambda r: r["device"].pop("device_properties"), r": \$\.triton_runtime\.device: missing key 'device_properties'"),
+    (lambda r: r["device"].update(capability=[9]), r": \$\.triton_runtime\.device\.capability: expected \[major, minor\]"),
 ])
 def test_runtime_file_mistakes_are_one_line(tmp_path: Path, change, message: str) -> None:
     data = json.loads(GPU_HOST.read_text())

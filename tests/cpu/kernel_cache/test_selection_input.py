@@ -50,8 +50,8 @@ def _sm90(data: dict[str, Any]) -> dict[str, Any]:
     return _module(data, "gpu-test-sm90")
 
 
-KIMI = "selections.kimi-k3.modules.fused_moe_120"
-SM90 = "selections.gpu-test-sm90.modules.fused_moe_90"
+KIMI = "$.selections.kimi-k3.modules.fused_moe_120"
+SM90 = "$.selections.gpu-test-sm90.modules.fused_moe_90"
 W4A16_TILE = {"cta": [64, 16, 128], "cluster": [1, 1, 1]}
 
 LOAD_MISTAKES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
@@ -128,11 +128,12 @@ def test_a_key_twice_is_refused_naming_the_key_and_its_object(
     path = tmp_path / "selections.json"
     path.write_text(edited)
     # The object holding the key twice starts on the line of its "{".
-    obj_line = {"kimi-k3": _line_of(edited, '"selections": {'),
-                "runners": _line_of(edited, '"fused_moe_120": {')}[key]
+    obj_line, obj_path = {"kimi-k3": (_line_of(edited, '"selections": {'), "$.selections"),
+                          "runners": (_line_of(edited, '"fused_moe_120": {'),
+                                      "$.selections.kimi-k3.modules.fused_moe_120")}[key]
     with pytest.raises(UserError) as raised:
         load_selections(path)
-    assert str(raised.value) == (f"--selections {path}: key '{key}' appears twice in one object "
+    assert str(raised.value) == (f"--selections {path}: {obj_path}: key '{key}' appears twice in one object "
                                  f"(the object at line {obj_line}); remove one")
 
 

@@ -782,7 +782,10 @@ def test_install_manifest_writes_the_workspace_file_atomically(applied: dict[str
     not_manifest = tmp_path / "table.json"
     not_manifest.write_text('{"rows": []}\n')
     rc, _, err = gate(capsys, "install-manifest", "--built", not_manifest, "--expected-manifest", "sglang_patches/default.manifest.json")
-    assert rc == 2 and "not a patch gate manifest" in err and committed.read_bytes() == applied["manifest"].read_bytes()
+    assert rc == 2 and err == (f"error: --built {not_manifest}: $: unknown key 'rows' (known: changed_files, layout, "
+                               "patches, record_files_with_hash, schema_version, series, target, "
+                               "untouched_files_verified); pass the patch gate's manifest.json\n"), err
+    assert committed.read_bytes() == applied["manifest"].read_bytes()
 
 
 def _load_check_module():

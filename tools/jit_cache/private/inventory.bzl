@@ -12,6 +12,8 @@ _IMAGE_ARCH = "12.0f"
 _INPUTS = {
     "--backend-needs": "//image:backend_needs.json",
     "--facts": "//jit_cache:checkpoint_facts.json",
+    # The stacks --stack may name (the tool refuses another).
+    "--lock": "//third_party:pins.lock.json",
     "--reach": "//jit_cache:reach.json",
     "--sglang-modules": "//jit_cache:sglang_modules.json",
     "--triton-calls": "//jit_cache:triton_calls.json",
@@ -42,6 +44,7 @@ def _inventory_impl(ctx):
         "--kernel-plan=" + ctx.file.kernel_plan.path,
         "--backend-needs=" + ctx.file.backend_needs.path,
         "--facts=" + ctx.file.facts.path,
+        "--lock=" + ctx.file.lock.path,
         "--reach=" + ctx.file.reach.path,
         "--sglang-modules=" + ctx.file.sglang_modules.path,
         "--triton-calls=" + ctx.file.triton_calls.path,
@@ -54,7 +57,7 @@ export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 PATH=/usr/bin:/bin:/usr/local
 """,
         arguments = args,
         inputs = depset(
-            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.reach, ctx.file.sglang_modules, ctx.file.triton_calls],
+            trees + ctx.files.profiles + [ctx.file.kernel_plan, ctx.file.backend_needs, ctx.file.facts, ctx.file.lock, ctx.file.reach, ctx.file.sglang_modules, ctx.file.triton_calls],
             transitive = [ctx.attr._tool[DefaultInfo].default_runfiles.files],
         ),
         outputs = [out],
@@ -74,6 +77,7 @@ jit_cache_inventory = rule(
         "kernel_plan": attr.label(mandatory = True, allow_single_file = True),
         "backend_needs": attr.label(default = _INPUTS["--backend-needs"], allow_single_file = True),
         "facts": attr.label(default = _INPUTS["--facts"], allow_single_file = True),
+        "lock": attr.label(default = _INPUTS["--lock"], allow_single_file = True),
         "reach": attr.label(default = _INPUTS["--reach"], allow_single_file = True),
         "sglang_modules": attr.label(default = _INPUTS["--sglang-modules"], allow_single_file = True),
         "triton_calls": attr.label(default = _INPUTS["--triton-calls"], allow_single_file = True),
