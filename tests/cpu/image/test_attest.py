@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

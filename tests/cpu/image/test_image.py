@@ -28,7 +28,6 @@ import time
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import zstandard

@@ -9,7 +9,6 @@ GitHub-only pin. The Bazel spec files are checked against the plan in CI by
 """
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from pathlib import Path

@@ -10,7 +10,6 @@ stands in for the driver: this host has no GPU).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
