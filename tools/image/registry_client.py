@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.common.errors import UserError
+from tools.common.jsondata import ANY, STRING, MapOf, Object, load_json_file
 from tools.image.layout import sha256_digest
 from tools.image.signing import skopeo
 
@@ -71,17 +72,18 @@ def _auth_file_candidates() -> list[Path]:
     return paths
 
 
+# What credentials_from_file reads of a docker/containers auth file; the rest is other tools'.
+AUTH_FILE = Object({}, optional={"auths": MapOf(Object({}, optional={"auth": STRING}, other=ANY))}, other=ANY)
+
+
 def credentials_from_file(path: Path, repo: Repository) -> tuple[str, str] | None:
     """(user, password) for repo from a docker/containers auth file (longest matching key)."""
-    try:
-        auths = json.loads(path.read_text()).get("auths", {})
-    except (OSError, ValueError, AttributeError) as e:
-        raise UserError(f"{path}: unreadable auth file ({type(e).__name__}); fix or remove it") from None
+    auths = load_json_file(path, "auth file", AUTH_FILE, "fix or remove it").get("auths", {})
     full = f"{repo.host}/{repo.path}"
     keys = [k for k in auths if full == k.split("://")[-1].rstrip("/")
             or full.startswith(k.split("://")[-1].rstrip("/") + "/")]
     for key in sorted(keys, key=len, reverse=True):
-        encoded = auths[key].get("auth") if isinstance(auths[key], dict) else None
+        encoded = auths[key].get("auth")
         if encoded:
             try:
                 user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")

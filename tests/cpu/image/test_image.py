@@ -943,3 +943,19 @@ def test_sbom_and_layer_bytes_are_those_of_the_published_tools(tmp_path: Path) -
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+@pytest.mark.parametrize("text, where", [
+    ('["not", "an", "object"]', "$: expected an object, found a list"),
+    ('{"auths": {"registry.example.com": "dXNlcjpwdw=="}}', '$.auths["registry.example.com"]: expected an object'),
+    ('{"auths": {"registry.example.com": {"auth": 1}}}', '$.auths["registry.example.com"].auth: expected a string'),
+    ('{"auths": {"a": {}, "a": {}}}', "key 'a' appears twice"),
+    ('{"auths": {', "invalid JSON at line 1"),
+])
+def test_an_auth_file_of_the_wrong_shape_is_one_line(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "auth.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as e:
+        registry_client.credentials_from_file(path, registry_client.Repository("registry.example.com", "kimi/k3"))
+    msg = str(e.value)
+    assert msg.startswith(f"auth file {path}: ") and where in msg and "\n" not in msg, msg
