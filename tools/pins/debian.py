@@ -734,3 +734,11 @@ def build_parser(add_commands: Callable[[Any, argparse.ArgumentParser], None] | 
     p.set_defaults(func=cmd_show)
     return parser
 
+
+
+if __name__ == "__main__":
+    # The CLI lives in the fetch stage (its mirror, extract and repo commands fetch .debs); this
+    # module is the lock's library. An old command line gets the new one, not silence.
+    print(f"error: the Debian CLI is `python3 -m tools.fetch.debian {' '.join(sys.argv[1:]) or 'COMMAND'}` "
+          "(this module is its lock library)", file=sys.stderr)
+    sys.exit(2)

@@ -637,3 +637,13 @@ def test_extract_and_repo_refuse_a_users_directory_and_keep_it(tmp_path: Path, d
     assert not (tmp_path / "cache").exists()  # refused before any download
     with pytest.raises(UserError, match="not a directory; pass a path under a directory"):
         debian_fetch.extract_set(lock, "tiny", users / "notes.txt" / "out", cache_dir=tmp_path / "cache", mirrors=[])
+
+
+def test_the_old_cli_name_points_to_the_new_one() -> None:
+    """The CLI moved to the fetch stage (no import points from pins up to fetch); the old command
+    line is refused in one line naming the new one, never silently ignored."""
+    proc = subprocess.run([sys.executable, "-m", "tools.pins.debian", "key", "--set", "tiny"],
+                          cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: the Debian CLI is `python3 -m tools.fetch.debian key --set tiny` "
+                           "(this module is its lock library)\n")
