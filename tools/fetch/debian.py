@@ -108,7 +108,7 @@ def deb_control(path: Path, what: str) -> str:
 
 
 def local_repository(deb_set: debian.DebSet, out_dir: Path | str, cache_dir: Path | None = None,
-                     mirrors: Sequence[Path] | None = None) -> Path:
+                     mirrors: Sequence[Path] | None = None, what: str = "repository") -> Path:
     """A flat apt repository of exactly the set's verified .debs (`deb [trusted=yes] copy://DIR ./`),
     built in a temp sibling and renamed into place: the only mirror mmdebstrap is given, so a
     root holds nothing the lock does not name.
@@ -116,10 +116,10 @@ def local_repository(deb_set: debian.DebSet, out_dir: Path | str, cache_dir: Pat
     The Packages file is written here from `dpkg-deb --field` (dpkg-deb comes with dpkg itself;
     dpkg-scanpackages needs dpkg-dev, apt-ftparchive apt-utils), with the lock's size and sha256."""
     out = Path(out_dir).absolute()
-    check_writable_path(out, "repository", directory=True)
-    check_replaceable_dir(out, "repository", REPOSITORY_TOOL)
+    check_writable_path(out, what, directory=True)
+    check_replaceable_dir(out, what, REPOSITORY_TOOL)
     debs = fetch_set(deb_set, cache_dir, mirrors)
-    with dir_replaced_atomically(out, "repository", tool=REPOSITORY_TOOL) as tmp:
+    with dir_replaced_atomically(out, what, tool=REPOSITORY_TOOL) as tmp:
         stanzas = []
         for pkg, path in debs:
             name = Path(pkg.filename).name
@@ -164,7 +164,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_repo(args: argparse.Namespace) -> int:
-    print(local_repository(debian.load_set(args.lock, args.set), Path(args.out), _cache(args), _mirrors(args)))
+    print(local_repository(debian.load_set(args.lock, args.set), Path(args.out), _cache(args), _mirrors(args),
+                           what="--out"))
     return 0
 
 

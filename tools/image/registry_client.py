@@ -76,9 +76,9 @@ def _auth_file_candidates() -> list[Path]:
 AUTH_FILE = Object({}, optional={"auths": MapOf(Object({}, optional={"auth": STRING}, other=ANY))}, other=ANY)
 
 
-def credentials_from_file(path: Path, repo: Repository) -> tuple[str, str] | None:
+def credentials_from_file(path: Path, repo: Repository, what: str = "auth file") -> tuple[str, str] | None:
     """(user, password) for repo from a docker/containers auth file (longest matching key)."""
-    auths = load_json_file(path, "auth file", AUTH_FILE, "fix or remove it").get("auths", {})
+    auths = load_json_file(path, what, AUTH_FILE, "fix or remove it").get("auths", {})
     full = f"{repo.host}/{repo.path}"
     keys = [k for k in auths if full == k.split("://")[-1].rstrip("/")
             or full.startswith(k.split("://")[-1].rstrip("/") + "/")]
@@ -110,7 +110,7 @@ def resolve_credentials(repo: Repository, authfile: Path | None, tmpdir: Path) -
     if authfile is not None:
         if not authfile.is_file():
             raise UserError(f"--authfile {authfile}: no such file; pass a docker/containers auth.json")
-        return Credentials(authfile, credentials_from_file(authfile, repo), f"--authfile {authfile}")
+        return Credentials(authfile, credentials_from_file(authfile, repo, "--authfile"), f"--authfile {authfile}")
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user or password:
         if not (user and password):

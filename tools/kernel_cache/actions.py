@@ -246,12 +246,14 @@ def write_cache_json(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping
 
 
 def assemble(plan: Mapping[str, Any], tc: Toolchain, module_sos: Mapping[str, Path],
-             out: Path) -> dict[str, Any]:
-    """Write OUT/flashinfer/data/aot/<m>/<m>.so and kernel_cache.json, atomically."""
+             out: Path, tool: str | None = None) -> dict[str, Any]:
+    """Write OUT/flashinfer/data/aot/<m>/<m>.so and kernel_cache.json, atomically. tool=None: the
+    Bazel action's tree, shipped in a layer byte for byte (no marker); the Bazel-free `build`
+    names itself, so its reruns replace their own --out."""
     missing = [m["name"] for m in plan["modules"] if m["name"] not in module_sos]
     if missing:
         raise UserError(f"assemble: no .so given for modules {missing}; pass --module-so NAME=PATH")
-    with dir_replaced_atomically(out.absolute(), "--out", tool=None) as tmp:
+    with dir_replaced_atomically(out.absolute(), "--out", tool=tool) as tmp:
         aot = tmp / AOT_SUBDIR
         for name, so in module_sos.items():
             (aot / name).mkdir(parents=True, exist_ok=True)

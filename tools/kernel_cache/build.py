@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tools.common.errors import UserError
-from tools.common.files import write_text_atomic
+from tools.common.files import check_replaceable_dir, write_text_atomic
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.common.progress import ItemProgress
 from tools.kernel_cache.actions import Fill, assemble, check_nvcc, compile_one, link_one
@@ -27,6 +27,8 @@ from tools.kernel_cache.tree import AOT_SUBDIR, check_tree, log
 # its record: a file without one (a run killed between the two renames, a cache from before
 # records) or one that differs (truncated, corrupted, overwritten) is rebuilt, never linked.
 RECORD_SUFFIX = ".sha256"
+# The Bazel-free build's --out is its own output (marked): a rerun (the GPU host's) replaces it.
+BUILD_TOOL = "tools.kernel_cache build"
 
 
 def record_path(path: Path) -> Path:
@@ -115,6 +117,7 @@ def build(tree: Path, modules_path: Path, arch: str, variant: str, out: Path, jo
     """Objects and modules are shared through cache_dir (content-addressed, each checked against
     its record before reuse); generated sources and link stubs are this run's own: another build
     may be using the same cache (and tree) at the same time."""
+    check_replaceable_dir(out, "--out", BUILD_TOOL)  # before any compile
     tree = check_tree(tree)
     (cache_dir / "gen").mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{sha256_bytes(str(tree).encode())[:16]}-",
@@ -170,6 +173,6 @@ def _build_in(tree: Path, modules_path: Path, arch: str, variant: str, out: Path
             link_one(m, Fill(tree, gen_root / m["name"], tc), objs, so, stub_dir)
             write_record(so)
         sos[m["name"]] = so
-    data = assemble(plan, tc, sos, out)
+    data = assemble(plan, tc, sos, out, tool=BUILD_TOOL)
     log(f"wrote {out / AOT_SUBDIR} ({len(sos)} modules) in {time.monotonic() - progress.t0:.0f}s")
     return data

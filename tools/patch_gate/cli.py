@@ -13,7 +13,8 @@ import tools.patch_gate
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.hashing import sha256_file
 from tools.patch_gate import wheel as wheel_repack
-from tools.patch_gate.gate import log, render_table, run_gate, write_remapped
+from tools.common.files import check_replaceable_dir
+from tools.patch_gate.gate import REMAPPED_TOOL, log, render_table, run_gate, write_remapped
 from tools.patch_gate.result import GateInputs, GateResult
 from tools.patch_gate.gitapply import GitApply
 from tools.patch_gate.manifest import (build_manifest, check_manifest, install_manifest, print_drift,
@@ -56,6 +57,11 @@ def _report(result: GateResult, table_path: Path | None) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    # Both folders are checked before the series runs: a refusal costs nothing and leaves nothing.
+    if args.out_dir and not args.check_only:
+        check_replaceable_dir(args.out_dir, "--out-dir", None)
+    if args.remapped_dir:
+        check_replaceable_dir(args.remapped_dir, "--remapped-dir", REMAPPED_TOOL)
     inputs = _gate_inputs(args)
     result = run_gate(inputs, None if args.check_only else args.out_dir, args.expected_manifest)
     _report(result, args.table)

@@ -32,7 +32,7 @@ SWAP_CALLERS = {
     ("image/wheel_install.py", "install_wheels", "out"): "None",
     ("jit_cache/sglang_aot.py", "build_sglang", "out"): "None",
     ("jit_cache/triton_aot.py", "build_triton", "out"): "None",
-    ("kernel_cache/actions.py", "assemble", "out.absolute()"): "None",
+    ("kernel_cache/actions.py", "assemble", "out.absolute()"): "tool",  # None from the CLI, BUILD_TOOL from build
     ("kernel_cache/cli.py", "main", "args.out.absolute()"): "None",
     ("kernel_cache/toolchain.py", "unpack_tvm_ffi", "out"): "None",
     ("kernel_cache/toolchain.py", "write_cuda_stubs", "out"): "None",

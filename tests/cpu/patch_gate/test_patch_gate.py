@@ -179,7 +179,7 @@ def test_fixture_patch_remaps_checks_and_applies(applied: dict[str, Path], fi_tr
     assert b"# kimi-k3 fixture: SiTU marker" in (out / CORE_PY).read_bytes()
     assert not (out / "tests").exists()
     # The remapped patch is saved for review, with wheel paths only.
-    remapped = next(applied["remapped"].iterdir()).read_text()
+    remapped = next(applied["remapped"].glob("*.patch")).read_text()
     assert f"+++ b/{BINDING_WHEEL}" in remapped and f"+++ b/{CORE_PY}" in remapped and "tests/" not in remapped
 
 
@@ -347,7 +347,7 @@ def test_binary_section_keeps_its_ending_wherever_it_falls(position: str, prefix
     assert sorted(c["path"] for c in json.loads(manifest.read_text())["changed_files"]) == sorted(patched)
     rc, out, err = gate(capsys, "remap", "--series", series, "--layout", FI_LAYOUT, "--out-dir", tmp_path / "remapped")
     assert rc == 0, out + err
-    (remapped,) = (tmp_path / "remapped").iterdir()
+    (remapped,) = (tmp_path / "remapped").glob("*.patch")
     moved = WHEEL_PREFIX[prefix].encode()
     assert remapped.read_bytes() == patch.replace(b" a/" + prefix.encode(), b" a/" + moved).replace(
         b" b/" + prefix.encode(), b" b/" + moved)
