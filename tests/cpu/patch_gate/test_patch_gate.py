@@ -267,8 +267,8 @@ def test_series_applies_patch_n_on_top_of_1_to_n_minus_1(fi_tree: Path, fi_wheel
     assert re.search(r"^1\s+file:0002-two.patch\s+conflicts", out, re.M), out
 
 
-def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_conflict_writes_nothing(fi_tree: Path, fi_wheel: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
     before, after = fixture_sources(fi_tree)
     good = make_git_patch(tmp_path / "good", before, after)
     # Written against a core.py whose line after the edit differs from the wheel's.
@@ -282,8 +282,7 @@ def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path
     series = write_series(tmp_path / "series", {"0001-good.patch": good, "0002-bad.patch": bad})
     parent = tmp_path / "outputs"
     out = parent / "tree"
-    out.mkdir(parents=True)
-    (out / "previous.txt").write_text("previous output\n")
+    out.mkdir(parents=True)  # what Bazel gives the action: an empty directory
     table = tmp_path / "table.txt"
     rc, stdout, _ = gate(capsys, *apply_args(series, fi_wheel, out, FI_LAYOUT, "--table", table))
     assert rc == EXIT_REFUSED
@@ -292,8 +291,8 @@ def test_conflict_leaves_previous_output_untouched(fi_tree: Path, fi_wheel: Path
     assert re.search(re.escape(CORE_PY) + r": hunk #1 @@ .*: conflicts", stdout), stdout
     assert "REFUSED" in stdout
     assert sorted(p.name for p in parent.iterdir()) == ["tree"], "scratch left behind"
-    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"] and not table.exists()
-    shutil.rmtree(out)
+    assert list(out.iterdir()) == [] and not table.exists()
+    out.rmdir()
     rc, _, _ = gate(capsys, *apply_args(series, fi_wheel, out))
     assert rc == EXIT_REFUSED and not out.exists()
 
@@ -700,20 +699,19 @@ def test_entry_with_every_file_excluded_is_reported_excluded(fi_wheel: Path, tmp
     assert relationships[0]["comment"] == "not applied: excluded"
 
 
-def test_drift_refusal_keeps_the_previous_output(applied: dict[str, Path], fi_wheel: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_drift_refusal_writes_nothing(applied: dict[str, Path], fi_wheel: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
     expected = json.loads(applied["manifest"].read_text())
     expected["changed_files"][0]["sha256_after"] = "0" * 64
     drifted = tmp_path / "expected.manifest.json"
     drifted.write_bytes(review_json(expected))
     out = tmp_path / "outputs" / "tree"
-    out.mkdir(parents=True)
-    (out / "previous.txt").write_text("previous good output\n")
+    out.mkdir(parents=True)  # what Bazel gives the action: an empty directory
     table, manifest, remapped = tmp_path / "table.txt", tmp_path / "manifest.json", tmp_path / "remapped"
     rc, stdout, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT, "--expected-manifest", drifted,
                                                "--table", table, "--manifest", manifest, "--remapped-dir", remapped))
     assert rc == EXIT_REFUSED, stdout + err
-    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"], "the previous output was replaced or deleted"
+    assert list(out.iterdir()) == [], "a refused tree was written"
     assert sorted(p.name for p in out.parent.iterdir()) == ["tree"], "scratch left behind"
     assert not table.exists() and not manifest.exists() and not remapped.exists()
     assert "result: series applied" not in stdout, stdout
@@ -721,11 +719,18 @@ def test_drift_refusal_keeps_the_previous_output(applied: dict[str, Path], fi_wh
     assert "manifest drift" in err, err
     path = expected["changed_files"][0]["path"]
     assert f"changed_files[{path}].sha256_after" in err and f"against {drifted}" in err, err
-    # Without drift the same command replaces the previous output.
+    # Without drift the same command writes the tree into the empty directory.
     rc, _, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT,
                                           "--expected-manifest", applied["manifest"]))
     assert rc == 0, err
-    assert not (out / "previous.txt").exists() and (out / CORE_PY).is_file()
+    assert (out / CORE_PY).is_file()
+    # A tree is shipped byte for byte (no marker), so a filled --out-dir, its own earlier tree or
+    # a user's folder, is refused before the series runs, and kept.
+    (out / "previous.txt").write_text("previous good output\n")
+    rc, stdout, err = gate(capsys, *apply_args(applied["series"], fi_wheel, out, FI_LAYOUT,
+                                               "--expected-manifest", applied["manifest"]))
+    assert rc == 2 and stdout == "" and err.startswith(f"error: --out-dir {out}: exists, is not empty"), err
+    assert (out / "previous.txt").read_text() == "previous good output\n" and (out / CORE_PY).is_file()
 
 
 def test_check_manifest_names_the_file_and_the_fix_command(applied: dict[str, Path], tmp_path: Path,
