@@ -63,3 +63,7 @@ def test_sizes_and_pruning_oldest_first(disk_cache: Path, capsys: pytest.Capture
     assert cache.main(["prune-disk-cache", "--max-size", "150"]) == 0
     assert sorted(p.name for p in cas.iterdir()) == ["new"]
     assert "removed 2 entries" in capsys.readouterr().out
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

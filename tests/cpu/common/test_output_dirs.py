@@ -11,7 +11,10 @@ Behaviour per caller is tested in its stage's tests (a user's directory refused 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).absolute().parents[3]
 TOOLS = REPO_ROOT / "tools"
@@ -104,3 +107,7 @@ def test_every_other_tree_removal_says_why_the_tree_is_its_own() -> None:
         f"unlisted: {sorted(found - set(TREE_REMOVALS))}; gone: {sorted(set(TREE_REMOVALS) - found)}; "
         "remove only what this run created (a mkdtemp, a temp sibling) or go through "
         "tools/common/files.py's swap")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
