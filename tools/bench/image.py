@@ -29,7 +29,7 @@ from tools.image import layer_tar
 from tools.image import push as oci_push
 
 from tools.image import sbom
-from tools.image.profiles import SGLANG_JIT_IMAGE_PATH
+from tools.image.image_caches import SGLANG_JIT_IMAGE_PATH
 from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

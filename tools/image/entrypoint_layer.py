@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.image import layer, profiles
+from tools.image import layer
+from tools.image.backend_needs import load_needs
+from tools.image.launch_profiles import check_profiles, load_profile_files
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,9 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.profile:
         raise UserError("entrypoint layer: no --profile given; the image ships its launch profiles (image/profiles/)")
-    loaded = profiles.load_profile_files(args.profile)
-    profiles.load_needs(args.needs)
-    profiles.check_profiles(loaded, args.selections, args.lock, args.entrypoint)
+    loaded = load_profile_files(args.profile)
+    load_needs(args.needs)
+    check_profiles(loaded, args.selections, args.lock, args.entrypoint)
     files = [f"{args.entrypoint_image_path}={args.entrypoint}:755"]
     files += [f"{args.profiles_image_dir}/{path.name}={path}" for path in args.profile]
     return layer.main(["--name", args.name, "--out", args.out, "--descriptor", args.descriptor,

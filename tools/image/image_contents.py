@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest
-from tools.image.profiles import SGLANG_JIT_IMAGE_PATH, SGLANG_JIT_MANIFEST
+from tools.image.image_caches import SGLANG_JIT_IMAGE_PATH, SGLANG_JIT_MANIFEST
 
 
 LAYER_ANNOTATION = LABEL_PREFIX + "layer"  # how tools/image/layout.py names each layer

@@ -1,6 +1,6 @@
 """Check launch profiles with the image's own SGLang; runs inside the unpacked image.
 
-tools/image/smoke.py (check_launch_profiles) copies this file into the image's rootfs and runs it
+tools/image/launch_profile_check.py (check_launch_profiles) copies this file into the image's rootfs and runs it
 in a chroot with the
 image's /usr/bin/python3, no GPU (CUDA_VISIBLE_DEVICES empty, no driver) and no network (its own
 network namespace):

@@ -4,7 +4,7 @@ cache (bind_triton_cache, as it does before it execs the server), then Triton's 
 loads its driver module, which Triton builds with a C compiler unless its cache holds it. Any
 build Triton starts is recorded and refused (knobs.build.impl), so a miss is named, not
 compiled. Prints one JSON line: bound entries, compiles, the loaded module's file, its key
-inputs (TRITON_LIBCUDA_PATH), or the error. Copied into the rootfs by tools/image/smoke.py
+inputs (TRITON_LIBCUDA_PATH), or the error. Copied into the rootfs by tools/image/triton_driver_check.py
 check_triton_driver beside profile_probe.py (its entrypoint loader); imports nothing else of tools/.
 
 argv: the entrypoint's path in the image, a writable directory for TRITON_CACHE_DIR.

@@ -65,7 +65,7 @@ def wheels_in_dirs(dirs: Iterable[str]) -> list[str]:
 def install_wheels(wheels: Sequence[Path], out: Path) -> None:
     """Install wheels into one tree rooted at the image's / (what a layer of them holds), and
     refuse a file two wheels both install. The tree is what the layer is written from, and what
-    the launch-profile check mounts as the image's root (tools/image/smoke.py rootfs plans)."""
+    the launch-profile check mounts as the image's root (tools/image/image_rootfs.py rootfs plans)."""
     with dir_replaced_atomically(out, "--out-tree", tool=None) as tree:
         stages = temp_dir_sibling(out)
         try:

@@ -494,7 +494,7 @@ def check_triton(stack: str, arch: str, calls_file: Path, base_tar: Path, site_t
     manifest = read_manifest(cache)
     check_built_for(manifest, cache, stack, arch)
     # Triton's driver module: whether the image's Triton finds it is checked in the image itself
-    # (tools/image/smoke.py check_triton_driver: its key holds the image's paths); here, its bytes.
+    # (tools/image/triton_driver_check.py check_triton_driver: its key holds the image's paths); here, its bytes.
     for module in manifest.get("modules", []):
         so = cache / module["key"] / module["file"]
         if not so.is_file() or sha256_file(so) != module["sha256"]:

@@ -24,7 +24,7 @@ import pytest
 from tools.common.errors import UserError
 from tools.common.jsondata import json_path
 from tools.gpu_suite import bundle
-from tools.image import profiles, sbom
+from tools.image import backend_needs, launch_profiles, sbom
 from tools.jit_cache import cli as jit_cache_cli
 from tools.jit_cache import inventory, sglang_aot, triton_aot
 from tools.kernel_cache import modules as kernel_cache_modules
@@ -85,11 +85,11 @@ def inventory_check(path: Path) -> None:
 
 
 READERS = [
-    Reader("backend needs (profiles --needs)", "--needs", REPO / "image" / "backend_needs.json", profiles.load_needs,
+    Reader("backend needs (profiles --needs)", "--needs", REPO / "image" / "backend_needs.json", backend_needs.load_needs,
            (["settings", "moe_runner_backend", "flashinfer_mxfp4", "modules"], [],
             "$.settings.moe_runner_backend.flashinfer_mxfp4.modules: expected an object, found a list"),
            ["settings", "sampling_backend"]),
-    Reader("launch profile (profiles)", "profile", PROFILE, lambda p: profiles.load_profile_files([p]),
+    Reader("launch profile (profiles)", "profile", PROFILE, lambda p: launch_profiles.load_profile_files([p]),
            (["checkpoint", "config", "architectures"], "KimiK3ForConditionalGeneration",
             '$.checkpoint.config.architectures: expected a non-empty list, found the string '
             '"KimiK3ForConditionalGeneration"'),

@@ -37,10 +37,12 @@ from tests.cpu.image.registry_fixtures import isolated_env, registry  # noqa: F4
 from tools.common.errors import UserError
 from tools.image import layer as oci_layer
 from tools.image import compression
+from tools.image import driver_stub
 from tools.image.layer_tar import source_date_epoch
 from tools.image import layout as oci_image
 from tools.image import push as oci_push
 from tools.image import image_contents
+from tools.image import image_rootfs
 from tools.image import local_registry
 from tools.image import registry_client
 from tools.image import rootfs
@@ -740,10 +742,10 @@ def test_chroot_smoke_on_tiny_image(tmp_path: Path, host_rootfs: Path) -> None:
 _MOUNT_PLAN = r"""
 import json, os, subprocess, sys
 from pathlib import Path
-from tools.image import smoke
+from tools.image import image_chroot, image_rootfs
 plan, work, base = map(Path, sys.argv[1:4])
-with smoke.mounted_rootfs_plan(plan, work, runfiles=base) as (root, env):
-    run = smoke.run_in_chroot(root, ["/usr/bin/python3", "-c",
+with image_rootfs.mounted_rootfs_plan(plan, work, runfiles=base) as (root, env):
+    run = image_chroot.run_in_chroot(root, ["/usr/bin/python3", "-c",
         "import os, tinysg; print(tinysg.PATCHED, oct(os.stat('/usr/local/bin/kimi-k3-entrypoint').st_mode & 0o777))"],
         env, network=False)
     (root / "tmp" / "written").write_text("upper")
@@ -788,7 +790,7 @@ def test_rootfs_plan_mounts_the_layers_parts_without_blobs(tmp_path: Path, host_
     with pytest.raises(UserError, match="not a kimi-k3-rootfs-plan/1 file"):
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
-        with image_smoke.mounted_rootfs_plan(bad, tmp_path / "w2", runfiles=base):
+        with image_rootfs.mounted_rootfs_plan(bad, tmp_path / "w2", runfiles=base):
             pass
 
 
@@ -807,13 +809,13 @@ def test_smoke_driver_stub_stands_in_for_libcuda(tmp_path: Path, host_rootfs: Pa
     report = image_smoke.smoke(layout, tmp_path, ["tinyfi"], [], [], [], [], driver_stub=True)
     assert report.failures == [], report.failures
     assert report.passes[-1].endswith("(with a stand-in libcuda.so.1 of 0 driver symbols)"), report.passes
-    assert image_smoke.with_library_path(["A=1", "LD_LIBRARY_PATH=/x"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s:/x"]
-    assert image_smoke.with_library_path(["A=1"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s"]
+    assert driver_stub.with_library_path(["A=1", "LD_LIBRARY_PATH=/x"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s:/x"]
+    assert driver_stub.with_library_path(["A=1"], "/s") == ["A=1", "LD_LIBRARY_PATH=/s"]
 
 
 def test_entrypoint_guard_runs_inside_the_image(tmp_path: Path, host_rootfs: Path) -> None:
     layout = build_tiny_image(tmp_path / "img", host_rootfs)
-    root = image_smoke.unpack(layout, tmp_path / "bundle")
+    root = image_rootfs.unpack(layout, tmp_path / "bundle")
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
     proc = subprocess.run([chroot, str(root), "/usr/local/bin/kimi-k3-entrypoint", "--disaggregation-mode", "decode"],
                           capture_output=True, text=True,
@@ -850,8 +852,8 @@ def test_smoke_paths_never_resolve_onto_the_host(tmp_path: Path) -> None:
     (root / "usr/bin").mkdir(parents=True)
     (root / "usr/bin/python3").symlink_to("/etc/hostname")  # exists on the host, not in the image
     (root / "up").symlink_to("../../../../etc")
-    assert not image_smoke.inside(root, "/usr/bin/python3").exists()
-    assert image_smoke.inside(root, "/up/passwd") == root / "etc/passwd"
+    assert not image_rootfs.inside(root, "/usr/bin/python3").exists()
+    assert image_rootfs.inside(root, "/up/passwd") == root / "etc/passwd"
 
 
 # ---------------------------------------------------------------- SBOM

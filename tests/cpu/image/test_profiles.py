@@ -18,7 +18,8 @@ import pytest
 
 from tests.cpu.conftest import stack_version
 from tools.common.errors import UserError
-from tools.image import profile_probe, profiles, smoke
+from tools.image import (backend_needs, image_caches, launch_profile_check, launch_profiles, profile_probe,
+                         profile_verdicts, profiles, smoke)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRYPOINT = REPO_ROOT / "image" / "entrypoint.py"
@@ -29,7 +30,7 @@ ROLES = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
 
 
 def write_profile(directory: Path, name: str, **changes: object) -> Path:
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-pd-prefill.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-pd-prefill.json").read_text())
     data.update(changes)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
@@ -40,9 +41,9 @@ def write_profile(directory: Path, name: str, **changes: object) -> Path:
 # ---------------------------------------------------------------- the profiles and their format
 
 def test_the_three_roles_are_valid_profiles() -> None:
-    loaded = profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR)
+    loaded = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
     assert sorted(loaded) == ROLES
-    profiles.load_needs(profiles.DEFAULT_NEEDS)
+    backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
     for p in loaded.values():
         assert p.architectures == ["KimiK3ForConditionalGeneration"] and p.kernel_selection == "kimi-k3"
         args = p.data["args"]
@@ -78,25 +79,25 @@ def test_the_three_roles_are_valid_profiles() -> None:
 def test_a_malformed_profile_is_one_line_naming_the_file(tmp_path: Path, changes: dict, message: str) -> None:
     path = write_profile(tmp_path, "broken", **changes)
     with pytest.raises(UserError) as e:
-        profiles.load_profiles(tmp_path)
+        launch_profiles.load_profiles(tmp_path)
     assert str(e.value).startswith(f"profile {path}") and message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_declared_placeholder_nothing_uses_is_refused(tmp_path: Path) -> None:
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
     data["placeholders"]["UNUSED"] = {"description": "d", "example": "e"}
     (tmp_path / "p.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"declared but not used \['UNUSED'\]"):
-        profiles.load_profiles(tmp_path)
+        launch_profiles.load_profiles(tmp_path)
 
 
 def test_the_needs_table_names_only_features_the_probe_knows(tmp_path: Path) -> None:
-    table = json.loads(profiles.DEFAULT_NEEDS.read_text())
+    table = json.loads(launch_profiles.DEFAULT_NEEDS.read_text())
     table["settings"]["moe_runner_backend"]["flashinfer_mxfp4"]["features"] = ["situ-typo"]
     path = tmp_path / "needs.json"
     path.write_text(json.dumps(table))
     with pytest.raises(UserError, match="feature 'situ-typo' has no probe; known: situ-mxfp4-cutlass"):
-        profiles.load_needs(path)
+        backend_needs.load_needs(path)
 
 
 @pytest.mark.parametrize("where, wrong, expected", [
@@ -111,7 +112,7 @@ def test_a_needs_table_of_the_wrong_shape_is_one_line_naming_the_path(tmp_path: 
                                                                       expected: str) -> None:
     """A part of image/backend_needs.json of the wrong type: one line naming --needs, the file and
     the JSON path (before: an AttributeError traceback from `profiles validate --needs FILE`)."""
-    table = json.loads(profiles.DEFAULT_NEEDS.read_text())
+    table = json.loads(launch_profiles.DEFAULT_NEEDS.read_text())
     parent = table
     for key in where[:-1]:
         parent = parent[key]
@@ -126,17 +127,17 @@ def test_a_needs_table_of_the_wrong_shape_is_one_line_naming_the_path(tmp_path: 
 def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
     constants = (REPO_ROOT / "image" / "constants.bzl").read_text()
     values = dict(re.findall(r'^([A-Z_]+) = "([^"]*)"', constants, re.M))
-    assert values["ENTRYPOINT"] == profiles.ENTRYPOINT_IMAGE_PATH
-    assert values["PROFILES_DIR"] == profiles.PROFILES_IMAGE_PATH
-    assert profiles.load_entrypoint().PROFILES_DIR == profiles.PROFILES_IMAGE_PATH
-    assert values["SGLANG_JIT_DIR"] == profiles.SGLANG_JIT_IMAGE_PATH == profiles.load_entrypoint().SGLANG_JIT_DIR
+    assert values["ENTRYPOINT"] == launch_profiles.ENTRYPOINT_IMAGE_PATH
+    assert values["PROFILES_DIR"] == launch_profiles.PROFILES_IMAGE_PATH
+    assert launch_profiles.load_entrypoint().PROFILES_DIR == launch_profiles.PROFILES_IMAGE_PATH
+    assert values["SGLANG_JIT_DIR"] == image_caches.SGLANG_JIT_IMAGE_PATH == launch_profiles.load_entrypoint().SGLANG_JIT_DIR
     from tools.jit_cache.sglang_aot import MANIFEST
 
-    assert MANIFEST == profiles.SGLANG_JIT_MANIFEST == profiles.load_entrypoint().SGLANG_JIT_MANIFEST
+    assert MANIFEST == image_caches.SGLANG_JIT_MANIFEST == launch_profiles.load_entrypoint().SGLANG_JIT_MANIFEST
     from tools.jit_cache import triton_aot
 
-    assert values["TRITON_DIR"] == profiles.TRITON_IMAGE_PATH == profiles.load_entrypoint().TRITON_DIR
-    assert triton_aot.MANIFEST == profiles.load_entrypoint().TRITON_MANIFEST
+    assert values["TRITON_DIR"] == image_caches.TRITON_IMAGE_PATH == launch_profiles.load_entrypoint().TRITON_DIR
+    assert triton_aot.MANIFEST == launch_profiles.load_entrypoint().TRITON_MANIFEST
 
 
 # ---------------------------------------------------------------- the entrypoint
@@ -155,9 +156,9 @@ def run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str],
     script = tmp_path / "entrypoint.py"
     text = ENTRYPOINT.read_text()
     # The shipped path, pointed at the repository's profiles (the image has them there).
-    script.write_text(text.replace(f'PROFILES_DIR = "{profiles.PROFILES_IMAGE_PATH}"',
-                                   f'PROFILES_DIR = "{profiles.DEFAULT_PROFILES_DIR}"')
-                      .replace(f'SGLANG_JIT_DIR = "{profiles.SGLANG_JIT_IMAGE_PATH}"',
+    script.write_text(text.replace(f'PROFILES_DIR = "{launch_profiles.PROFILES_IMAGE_PATH}"',
+                                   f'PROFILES_DIR = "{launch_profiles.DEFAULT_PROFILES_DIR}"')
+                      .replace(f'SGLANG_JIT_DIR = "{image_caches.SGLANG_JIT_IMAGE_PATH}"',
                                f'SGLANG_JIT_DIR = "{jit_dir or tmp_path / "no-sglang-jit"}"')
                       .replace('TRITON_DIR = "/usr/share/kimi-k3/triton"',
                                f'TRITON_DIR = "{triton_dir or tmp_path / "no-triton"}"'))
@@ -359,7 +360,7 @@ GUARD_CASES = [
 def test_guard_refuses_exactly_what_mooncake_cannot_transfer(args: list[str], env: dict[str, str],
                                                              version: str | None, facts: list[str] | None) -> None:
     # version None: the installed one, and the test's Python has none.
-    line = profiles.load_entrypoint().refusal(args, {**EXPANDABLE, **env}, mooncake_version=version)
+    line = launch_profiles.load_entrypoint().refusal(args, {**EXPANDABLE, **env}, mooncake_version=version)
     if facts is None:
         assert line is None
         return
@@ -381,16 +382,16 @@ def test_guard_judges_the_installed_mooncake(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("alloc_var", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
 def test_guard_reads_both_allocator_variables(alloc_var: str) -> None:
-    refusal = profiles.load_entrypoint().refusal
+    refusal = launch_profiles.load_entrypoint().refusal
     line = refusal(["--disaggregation-mode", "prefill"], {alloc_var: "max_split_size_mb:512,expandable_segments:True"})
     assert line and line.startswith(f"error: {alloc_var} sets expandable_segments:True")
     assert refusal(["--disaggregation-mode", "prefill"], {alloc_var: "expandable_segments:False"}) is None
 
 
 def test_the_guard_judges_the_pinned_mooncake() -> None:
-    versions = profiles.pinned_mooncake(profiles.DEFAULT_LOCK)
+    versions = launch_profiles.pinned_mooncake(launch_profiles.DEFAULT_LOCK)
     assert versions == {"0.3.14": ["default", "pypi"]}
-    entrypoint = profiles.load_entrypoint()
+    entrypoint = launch_profiles.load_entrypoint()
     assert entrypoint.has_dmabuf_fix("0.3.14") and not entrypoint.has_dmabuf_fix("0.3.12.post1")
 
 
@@ -398,27 +399,27 @@ def test_the_guard_judges_the_pinned_mooncake() -> None:
 
 def test_validate_refuses_an_unknown_kernel_selection(tmp_path: Path) -> None:
     write_profile(tmp_path, "p", needs={"kernel_selection": "kimi-k4"})
-    known = ", ".join(sorted({"full", *json.loads(profiles.DEFAULT_SELECTIONS.read_text())["selections"]}))
+    known = ", ".join(sorted({"full", *json.loads(launch_profiles.DEFAULT_SELECTIONS.read_text())["selections"]}))
     with pytest.raises(UserError, match=r"needs kernel_selection: 'kimi-k4' is not a selection of .*selections.json "
                                         + re.escape(f"(known: {known})")):
         profiles.main(["validate", "--profiles-dir", str(tmp_path)])
 
 
 def test_validate_refuses_a_flag_or_a_key_given_twice(tmp_path: Path) -> None:
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
     data["args"] += ["--tp-size=16"]
     (tmp_path / "p.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"p.json args: --tp-size given twice \(SGLang keeps the last one silently\)"):
-        profiles.load_profiles(tmp_path)
-    text = (profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text()
+        launch_profiles.load_profiles(tmp_path)
+    text = (launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text()
     (tmp_path / "p.json").write_text(text.replace('"env": {', '"env": {"NCCL_SOCKET_IFNAME": "lo", ', 1))
     with pytest.raises(UserError, match=r"p.json: \$\.env: key 'NCCL_SOCKET_IFNAME' appears twice in one object "
                                         r"\(the object at line \d+\); remove one"):
-        profiles.load_profiles(tmp_path)
+        launch_profiles.load_profiles(tmp_path)
 
 
 def test_validate_runs_the_entrypoint_guard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-pd-prefill.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-pd-prefill.json").read_text())
     data["env"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     (tmp_path / "kimi-k3-pd-prefill.json").write_text(json.dumps(data))
     with pytest.raises(UserError) as e:
@@ -438,7 +439,7 @@ def test_validate_runs_the_entrypoint_guard(tmp_path: Path, capsys: pytest.Captu
 def test_entrypoint_refuses_a_broken_shipped_profile_in_one_line(tmp_path: Path) -> None:
     shipped = tmp_path / "profiles"
     shipped.mkdir()
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
     for name, broken, message in [
         ("no-args", {k: v for k, v in data.items() if k != "args"}, "'args' is not a list of strings (the SGLang arguments)"),
         ("env-int", {**data, "env": {"X": 1}}, "'env' is not an object of strings"),
@@ -446,7 +447,7 @@ def test_entrypoint_refuses_a_broken_shipped_profile_in_one_line(tmp_path: Path)
     ]:
         (shipped / f"{name}.json").write_text(json.dumps(broken))
         script = tmp_path / "entrypoint.py"
-        script.write_text(ENTRYPOINT.read_text().replace(f'PROFILES_DIR = "{profiles.PROFILES_IMAGE_PATH}"',
+        script.write_text(ENTRYPOINT.read_text().replace(f'PROFILES_DIR = "{launch_profiles.PROFILES_IMAGE_PATH}"',
                                                          f'PROFILES_DIR = "{shipped}"'))
         for flag in ("--profile", "--print-profile") if name == "no-args" else ("--profile",):
             proc = subprocess.run([sys.executable, str(script), flag, name], capture_output=True, text=True,
@@ -458,17 +459,17 @@ def test_entrypoint_refuses_a_broken_shipped_profile_in_one_line(tmp_path: Path)
 
 def entrypoint_layer_argv(tmp_path: Path, profile_files: list[Path]) -> list[str]:
     """tools/image/entrypoint_layer.py's arguments as the entrypoint_layer rule passes them."""
-    argv = ["--entrypoint", str(ENTRYPOINT), "--entrypoint-image-path", profiles.ENTRYPOINT_IMAGE_PATH]
+    argv = ["--entrypoint", str(ENTRYPOINT), "--entrypoint-image-path", launch_profiles.ENTRYPOINT_IMAGE_PATH]
     for f in profile_files:
         argv += ["--profile", str(f)]
-    return argv + ["--profiles-image-dir", profiles.PROFILES_IMAGE_PATH, "--needs", str(profiles.DEFAULT_NEEDS),
-                   "--selections", str(profiles.DEFAULT_SELECTIONS), "--lock", str(profiles.DEFAULT_LOCK),
+    return argv + ["--profiles-image-dir", launch_profiles.PROFILES_IMAGE_PATH, "--needs", str(launch_profiles.DEFAULT_NEEDS),
+                   "--selections", str(launch_profiles.DEFAULT_SELECTIONS), "--lock", str(launch_profiles.DEFAULT_LOCK),
                    "--name", "entrypoint", "--out", str(tmp_path / "out" / "layer.tar.gz"),
                    "--descriptor", str(tmp_path / "out" / "layer.layer.json"), "--source-date-epoch", "1767225600"]
 
 
 def test_the_entrypoint_layer_action_refuses_a_bad_profile(tmp_path: Path) -> None:
-    shipped = sorted(profiles.DEFAULT_PROFILES_DIR.glob("*.json"))
+    shipped = sorted(launch_profiles.DEFAULT_PROFILES_DIR.glob("*.json"))
     bad = tmp_path / "bad" / "kimi-k3-pd-prefill.json"
     bad.parent.mkdir()
     data = json.loads(shipped[1].read_text())
@@ -487,8 +488,8 @@ def test_the_entrypoint_layer_action_refuses_a_bad_profile(tmp_path: Path) -> No
     # The layer is the entrypoint and the profiles, as tools/image/layer.py writes them.
     from tools.image import layer
     (tmp_path / "plain").mkdir()
-    files = [f"{profiles.ENTRYPOINT_IMAGE_PATH}={ENTRYPOINT}:755"]
-    files += [f"{profiles.PROFILES_IMAGE_PATH}/{f.name}={f}" for f in shipped]
+    files = [f"{launch_profiles.ENTRYPOINT_IMAGE_PATH}={ENTRYPOINT}:755"]
+    files += [f"{launch_profiles.PROFILES_IMAGE_PATH}/{f.name}={f}" for f in shipped]
     assert layer.main(["--name", "entrypoint", "--out", str(tmp_path / "plain" / "l.tar.gz"), "--descriptor",
                        str(tmp_path / "plain" / "l.json"), "--source-date-epoch", "1767225600",
                        *(x for f in files for x in ("--file", f))]) == 0
@@ -505,23 +506,23 @@ def test_profiles_show_uses_the_examples(capsys: pytest.CaptureFixture[str]) -> 
 # ---------------------------------------------------------------- kernel cache facts and verdicts
 
 def test_kernel_cache_from_the_plan_and_from_the_image(tmp_path: Path) -> None:
-    plan = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    plan = image_caches.kernel_cache_of_plan(PYPI_PLAN)
     assert (plan.arch, plan.selection) == ("12.0f", "kimi-k3")
     assert plan.modules["fused_moe_120"] == ("CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>",)
     assert plan.modules["norm"] is None
-    aot = tmp_path / "site" / profiles.AOT_DIR
+    aot = tmp_path / "site" / image_caches.AOT_DIR
     for name in ("norm", "fused_moe_120"):
         (aot / name).mkdir(parents=True)
     (aot / "norm" / "norm.so").write_bytes(b"\x7fELF")
-    (aot / profiles.CACHE_JSON).write_text(json.dumps({"arch_list": "12.0f", "modules": {
+    (aot / image_caches.CACHE_JSON).write_text(json.dumps({"arch_list": "12.0f", "modules": {
         "norm": {"path": "norm/norm.so"},
         "fused_moe_120": {"path": "fused_moe_120/fused_moe_120.so", "kernel_selection": {"name": "kimi-k3", "runners": ["R"]}},
     }}))
-    image = profiles.kernel_cache_of_image(tmp_path / "site")
+    image = image_caches.kernel_cache_of_image(tmp_path / "site")
     assert image.selection == "full" and dict(image.modules) == {"norm": None}, "a module without its .so is absent"
     with pytest.raises(UserError, match="carries no kernel cache; for an image assembled without"):
-        profiles.kernel_cache_of_image(tmp_path / "empty")
-    assert profiles.capability_of("12.0f") == (12, 0) and profiles.capability_of("9.0a") == (9, 0)
+        image_caches.kernel_cache_of_image(tmp_path / "empty")
+    assert image_caches.capability_of("12.0f") == (12, 0) and image_caches.capability_of("9.0a") == (9, 0)
 
 
 def ok_result(name: str, moe: str = "flashinfer_mxfp4", attention: str | None = None) -> dict:
@@ -533,16 +534,16 @@ def ok_result(name: str, moe: str = "flashinfer_mxfp4", attention: str | None = 
                       "sampling_backend": "--sampling-backend"}}
 
 
-def verdict(result: dict, cache: profiles.KernelCache, features: dict | None = None) -> profiles.Verdict:
-    loaded = profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR)
-    table = profiles.load_needs(profiles.DEFAULT_NEEDS)
-    (v,) = profiles.judge([loaded[result["profile"]]], {result["profile"]: result},
+def verdict(result: dict, cache: image_caches.KernelCache, features: dict | None = None) -> profile_verdicts.Verdict:
+    loaded = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
+    table = backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
+    (v,) = profile_verdicts.judge([loaded[result["profile"]]], {result["profile"]: result},
                           features if features is not None else {"situ-mxfp4-cutlass": None}, cache, table, SGLANG_PYPI)
     return v
 
 
 def test_verdicts_name_what_the_image_lacks() -> None:
-    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
     good = verdict(ok_result("kimi-k3-tp32ep32"), cache)
     assert good.ok and "ran 2 resolution steps and check_server_args, skipped 1;" in good.line
     assert "kernel cache has dsv3_fused_routing, fused_moe_120, mxfp8_quantization_sm100, norm, sampling" in good.line
@@ -558,15 +559,15 @@ def test_verdicts_name_what_the_image_lacks() -> None:
     attention = verdict(ok_result("kimi-k3-tp32ep32", attention="flashinfer"), cache)
     assert not attention.ok and "--attention-backend flashinfer needs FlashInfer module batch_mla_attention_dtype_q_bf16" in attention.line
 
-    other_runners = profiles.KernelCache("test", "12.0f", "kimi-k3", {**cache.modules, "fused_moe_120": ("CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>",)})
+    other_runners = image_caches.KernelCache("test", "12.0f", "kimi-k3", {**cache.modules, "fused_moe_120": ("CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>",)})
     runner = verdict(ok_result("kimi-k3-tp32ep32"), other_runners)
     assert not runner.ok and "needs fused_moe_120 with CutlassMoeFCRunner<__nv_fp8_e4m3, Fp4Type, __nv_bfloat16>" in runner.line
-    full = profiles.KernelCache("test", "12.0f", "full", {m: None for m in cache.modules})
+    full = image_caches.KernelCache("test", "12.0f", "full", {m: None for m in cache.modules})
     assert verdict(ok_result("kimi-k3-tp32ep32"), full).ok, "a full cache compiles every runner"
-    other_selection = profiles.KernelCache("test", "12.0f", "gpu-test-sm90", cache.modules)
+    other_selection = image_caches.KernelCache("test", "12.0f", "gpu-test-sm90", cache.modules)
     sel = verdict(ok_result("kimi-k3-tp32ep32"), other_selection)
     assert not sel.ok and "needs kernel selection kimi-k3, the image's kernel cache is selection gpu-test-sm90" in sel.line
-    no_sampling = profiles.KernelCache("test", "12.0f", "kimi-k3", {m: r for m, r in cache.modules.items() if m != "sampling"})
+    no_sampling = image_caches.KernelCache("test", "12.0f", "kimi-k3", {m: r for m, r in cache.modules.items() if m != "sampling"})
     samp = verdict(ok_result("kimi-k3-tp32ep32"), no_sampling)
     assert not samp.ok and "--sampling-backend flashinfer needs FlashInfer module sampling" in samp.line
 
@@ -582,19 +583,19 @@ def test_verdicts_name_what_the_image_lacks() -> None:
      f"SGLang {SGLANG_PYPI} check_server_args rejects it: tp_size must be divisible by number of nodes"),
 ])
 def test_probe_failures_are_one_line_naming_the_profile(result: dict, line: str) -> None:
-    v = verdict({"profile": "kimi-k3-pd-prefill", **result}, profiles.kernel_cache_of_plan(PYPI_PLAN))
+    v = verdict({"profile": "kimi-k3-pd-prefill", **result}, image_caches.kernel_cache_of_plan(PYPI_PLAN))
     assert not v.ok and v.line == f"profile kimi-k3-pd-prefill (kimi-k3-pd-prefill.json): {line}"
 
 
 def test_the_request_describes_the_image_target() -> None:
-    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
-    loaded = profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR)
-    table = profiles.load_needs(profiles.DEFAULT_NEEDS)
-    request = profiles.probe_request(list(loaded.values()), table, cache, "/e", "/p", "/c")
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
+    loaded = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
+    table = backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
+    request = profile_verdicts.probe_request(list(loaded.values()), table, cache, "/e", "/p", "/c")
     assert request["gpu_capability"] == [12, 0] and request["features"] == ["situ-mxfp4-cutlass"]
     assert "moe_runner_backend" in request["settings"]
     with pytest.raises(UserError, match="backend_needs.json is for arch '12.0f', the image's kernel cache for '9.0a'"):
-        profiles.probe_request([], table, profiles.KernelCache("t", "9.0a", "gpu-test-sm90", {}), "/e", "/p", "/c")
+        profile_verdicts.probe_request([], table, image_caches.KernelCache("t", "9.0a", "gpu-test-sm90", {}), "/e", "/p", "/c")
 
 
 def test_parse_probe_output_reads_only_marked_lines() -> None:
@@ -602,7 +603,7 @@ def test_parse_probe_output_reads_only_marked_lines() -> None:
     out = "\n".join(["noise", f"{mark}\t" + json.dumps({"sglang": SGLANG_PYPI}),
                      f"{mark}\t" + json.dumps({"feature": "situ-mxfp4-cutlass", "why_not": None, "error": None}),
                      f"{mark}\t" + json.dumps({"profile": "p", "ok": True})])
-    results, features, sglang = profiles.parse_probe_output(out)
+    results, features, sglang = profile_verdicts.parse_probe_output(out)
     assert results == {"p": {"profile": "p", "ok": True}} and features == {"situ-mxfp4-cutlass": None}
     assert sglang == SGLANG_PYPI
 
@@ -651,7 +652,7 @@ def test_skip_reasons() -> None:
 
 def test_smoke_kimi_k3_checks_every_shipped_launch_profile() -> None:
     assert smoke.PROFILES["kimi-k3"]["launch_profiles"] == ["*"]
-    assert "CUDA_VISIBLE_DEVICES=" in smoke.PROFILE_CHECK_ENV and "HF_HUB_OFFLINE=1" in smoke.PROFILE_CHECK_ENV
+    assert "CUDA_VISIBLE_DEVICES=" in launch_profile_check.PROFILE_CHECK_ENV and "HF_HUB_OFFLINE=1" in launch_profile_check.PROFILE_CHECK_ENV
 
 
 if __name__ == "__main__":
@@ -674,7 +675,7 @@ def shipped_jit_dir(tmp_path: Path) -> Path:
         (shipped / leaf / "sgl_deps.json").write_text("[]")
         modules.append({"call": f"sglang.kernels.ops.{module}:_jit_{module}_module", "args": [], "module": module,
                         "leaf": leaf, "so_sha256": hashlib.sha256(module.encode()).hexdigest()})
-    (shipped / profiles.SGLANG_JIT_MANIFEST).write_text(json.dumps({"arch": "12.0f", "modules": modules}))
+    (shipped / image_caches.SGLANG_JIT_MANIFEST).write_text(json.dumps({"arch": "12.0f", "modules": modules}))
     return shipped
 
 
@@ -726,7 +727,7 @@ def test_the_entrypoint_refuses_a_cache_it_cannot_link_into_and_leaves_nothing(t
     assert line.endswith("point SGLANG_JIT_CACHE_DIR (or SGLANG_CACHE_DIR) at a writable directory")
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["sm_120f", "sm_120f/kda_fused_decode"]
     # A manifest that is not the build's: one line, nothing linked.
-    (shipped / profiles.SGLANG_JIT_MANIFEST).write_text('{"modules": [{"leaf": "../../etc"}]}')
+    (shipped / image_caches.SGLANG_JIT_MANIFEST).write_text('{"modules": [{"leaf": "../../etc"}]}')
     bad = run_entrypoint(tmp_path, ["--model-path", "/m"], {"SGLANG_JIT_CACHE_DIR": str(tmp_path / "j2")}, jit_dir=shipped)
     assert bad.returncode == 2 and "leaf '../../etc' is not a path inside" in bad.stderr
     assert not (tmp_path / "j2").exists()
@@ -833,20 +834,20 @@ def test_prebuilt_sites_must_be_in_the_image(tmp_path: Path) -> None:
     """The check's lookup of prebuilt sites: SGLang JIT builds in the image's manifest (its .so at
     the recorded sha256), FlashInfer modules in the kernel cache; a kind it cannot look up fails."""
     shipped = shipped_jit_dir(tmp_path)
-    caches = profiles.first_use_caches_of_image(shipped)
-    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
-    (profile,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
+    caches = image_caches.first_use_caches_of_image(shipped)
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
+    (profile,) = launch_profiles.select_profiles(launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
     present = "sglang.kernels.ops.situ_and_mul:_jit_situ_and_mul_module"
     sites = {"sglang-jit:a.py:f": jit_site(present),
              "sglang-jit:b.py:g": jit_site(present, ["kimi-k3-pd-decode"]),  # another profile's: not judged
              "flashinfer:x.py:flashinfer.fused_moe.cutlass_fused_moe": {
                  "kind": "flashinfer", "status": "prebuilt", "name": "flashinfer.fused_moe.cutlass_fused_moe",
                  "profiles": ["kimi-k3-tp32ep32"], "specializations": {"prebuilt": [{"module": "fused_moe_120"}]}}}
-    assert profiles._check_prebuilt(profile, inventory_with(sites), cache, caches) == ([], 2)
+    assert profile_verdicts._check_prebuilt(profile, inventory_with(sites), cache, caches) == ([], 2)
     missing = "sglang.kernels.ops.other:_jit_other_module"
     damaged = "sglang.kernels.ops.kda_fused_decode:_jit_kda_fused_decode_module"
     (shipped / JIT_LEAVES[1] / "kda_fused_decode.so").write_bytes(b"changed")
-    caches = profiles.first_use_caches_of_image(shipped)
+    caches = image_caches.first_use_caches_of_image(shipped)
     bad = {**sites, "sglang-jit:c.py:h": jit_site(missing), "sglang-jit:d.py:k": jit_site(damaged),
            "flashinfer:kernel_cache:nope": {"kind": "flashinfer", "status": "prebuilt", "name": "nope",
                                             "profiles": ["kimi-k3-tp32ep32"],
@@ -855,7 +856,7 @@ def test_prebuilt_sites_must_be_in_the_image(tmp_path: Path) -> None:
                                  "specializations": {}},
            "triton:e.py:kern": {"kind": "triton", "status": "prebuilt", "name": "kern", "profiles": ["kimi-k3-tp32ep32"],
                                 "specializations": {"prebuilt": [{"key": "k"}]}}}
-    problems, checked = profiles._check_prebuilt(profile, inventory_with(bad), cache, caches)
+    problems, checked = profile_verdicts._check_prebuilt(profile, inventory_with(bad), cache, caches)
     assert checked == 7 and len(problems) == 5
     text = "\n".join(problems)
     assert f"reaches sglang-jit:c.py:h, which jit_cache/inventory.pypi.json marks prebuilt ({missing} []), and the image " \
@@ -866,9 +867,9 @@ def test_prebuilt_sites_must_be_in_the_image(tmp_path: Path) -> None:
     assert "cannot look up a prebuilt triton site in the image" in text
     # An image with no manifest has none of them; a profile the inventory does not list is judged
     # against every prebuilt site.
-    none = profiles.first_use_caches_of_image(tmp_path / "nothing")
-    (other,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-pd-decode"])
-    problems, checked = profiles._check_prebuilt(other, {**inventory_with(sites), "profiles": {}}, cache, none)
+    none = image_caches.first_use_caches_of_image(tmp_path / "nothing")
+    (other,) = launch_profiles.select_profiles(launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-pd-decode"])
+    problems, checked = profile_verdicts._check_prebuilt(other, {**inventory_with(sites), "profiles": {}}, cache, none)
     assert checked == 3 and len(problems) == 2 and "no entry for it in the image (no " in problems[0]
 
 
@@ -877,31 +878,31 @@ def test_prebuilt_triton_sites_must_be_run_by_the_calls_the_triton_layer_is_buil
     image's Triton layer is built from, whose kernels its build checks): a site those calls do not
     run, or run with other args, fails naming it; without the calls the kind cannot be looked up."""
     calls = Path("jit_cache/triton_calls.json")
-    plan = profiles.triton_plan(calls, "pypi")
+    plan = image_caches.triton_plan(calls, "pypi")
     (file, name), runs = next(iter(sorted(plan.items())))
-    caches = dataclasses.replace(profiles.first_use_caches_of_image(tmp_path / "nothing"), triton=plan)
-    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
-    (profile,) = profiles.select_profiles(profiles.load_profiles(profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
+    caches = dataclasses.replace(image_caches.first_use_caches_of_image(tmp_path / "nothing"), triton=plan)
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
+    (profile,) = launch_profiles.select_profiles(launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR), ["kimi-k3-tp32ep32"])
 
     def site(file_: str, name_: str, builds: list) -> dict:
         return {"kind": "triton", "status": "prebuilt", "file": file_, "name": name_, "profiles": ["kimi-k3-tp32ep32"],
                 "specializations": {"prebuilt": builds}}
 
     good = {f"triton:{file}:{name}": site(file, name, runs)}
-    assert profiles._check_prebuilt(profile, inventory_with(good), cache, caches) == ([], 1)
+    assert profile_verdicts._check_prebuilt(profile, inventory_with(good), cache, caches) == ([], 1)
     other_args = [{"call": runs[0]["call"], "args": {**runs[0]["args"], "heads": 7}}]
     bad = {**good, "triton:x.py:kern": site("x.py", "kern", runs[:1]), f"triton:{file}:{name}#2": site(file, name, other_args)}
-    problems, checked = profiles._check_prebuilt(profile, inventory_with(bad), cache, caches)
+    problems, checked = profile_verdicts._check_prebuilt(profile, inventory_with(bad), cache, caches)
     assert checked == 3 and len(problems) == 2, problems
     assert all("the calls the image's Triton layer is built from (jit_cache/triton_calls.json) do not run it" in p
                for p in problems), problems
     assert '"heads": 7' in "\n".join(problems)
-    problems, _ = profiles._check_prebuilt(profile, inventory_with(good), cache, profiles.first_use_caches_of_image(tmp_path / "n"))
+    problems, _ = profile_verdicts._check_prebuilt(profile, inventory_with(good), cache, image_caches.first_use_caches_of_image(tmp_path / "n"))
     assert problems and "(for Triton: give it jit_cache/triton_calls.json)" in problems[0]
 
 
 def test_an_inventory_of_another_sglang_is_refused() -> None:
-    cache = profiles.kernel_cache_of_plan(PYPI_PLAN)
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
     with pytest.raises(UserError, match="the inventory of stack pypi is for SGLang 0.0.1, the image has SGLang"):
-        profiles.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.0", {**inventory_with({}), "sglang_version": "0.0.1"})
-    assert profiles.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.e0dfccb6", inventory_with({})) == []
+        profile_verdicts.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.0", {**inventory_with({}), "sglang_version": "0.0.1"})
+    assert profile_verdicts.judge([], {}, {}, cache, {}, SGLANG_PYPI + "+kimik3.e0dfccb6", inventory_with({})) == []

@@ -8,7 +8,7 @@ KIMI_PROFILES_INVENTORY (the stack's first-use inventory, //jit_cache:inventory:
 sites must be in the image; its Triton sites in KIMI_PROFILES_TRITON_CALLS, jit_cache/triton_calls.json,
 the calls the image's Triton layer is built from) and KIMI_PROFILES_SGLANG_WHEEL (the stack's SGLang wheel before the
 patch gate). The plan is
-mounted once as an overlay (tools/image/smoke.py mounted_rootfs_plan); every check then runs the
+mounted once as an overlay (tools/image/image_rootfs.py mounted_rootfs_plan); every check then runs the
 image's python3 in a chroot without network (check_launch_profiles). Needs root.
 """
 from __future__ import annotations
@@ -25,8 +25,12 @@ from typing import Iterator
 import pytest
 from tests.cpu.conftest import env_path
 
-from tools.image import profiles
-from tools.image import smoke
+from tools.image import image_caches
+from tools.image import image_rootfs
+from tools.image import launch_profile_check
+from tools.image import launch_profiles
+from tools.image import profile_verdicts
+from tools.image import triton_driver_check
 from tools.image.wheel_install import SITE_PACKAGES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -50,15 +54,15 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
     work = tmp_path_factory.mktemp("image")
     # The layers' own trees under an overlay (nothing compressed, unpacked or copied but the
     # base tar and the small files); writes land in `work`, the mount dies with this process.
-    with smoke.mounted_rootfs_plan(single("KIMI_PROFILES_IMAGE"), work) as (rootfs, env):
+    with image_rootfs.mounted_rootfs_plan(single("KIMI_PROFILES_IMAGE"), work) as (rootfs, env):
         yield rootfs, env
     subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
 
 
 def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Path | None = None
-          ) -> dict[str, profiles.Verdict]:
+          ) -> dict[str, profile_verdicts.Verdict]:
     rootfs, env = image
-    verdicts = smoke.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"),
+    verdicts = launch_profile_check.check_launch_profiles(rootfs, env, names, profiles_dir, single("KIMI_PROFILES_PLAN"),
                                            inventory=single("KIMI_PROFILES_INVENTORY"),
                                            triton_calls=single("KIMI_PROFILES_TRITON_CALLS"))
     report = "".join(f"{'ok  ' if v.ok else 'FAIL'} {v.line}\n" + "".join(f"      {d}\n" for d in v.details)
@@ -69,10 +73,10 @@ def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Pa
 
 def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]]) -> None:
     rootfs, _ = image
-    shipped = smoke.inside(rootfs, profiles.PROFILES_IMAGE_PATH)
+    shipped = image_rootfs.inside(rootfs, launch_profiles.PROFILES_IMAGE_PATH)
     assert sorted(p.name for p in shipped.iterdir()) == [f"{n}.json" for n in SHIPPED]
     for name in SHIPPED:
-        assert (shipped / f"{name}.json").read_bytes() == (profiles.DEFAULT_PROFILES_DIR / f"{name}.json").read_bytes()
+        assert (shipped / f"{name}.json").read_bytes() == (launch_profiles.DEFAULT_PROFILES_DIR / f"{name}.json").read_bytes()
     verdicts = check(image)
     assert sorted(verdicts) == SHIPPED
     failed = [v.line for v in verdicts.values() if not v.ok]
@@ -94,7 +98,7 @@ def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]
 
 def mutate(src: str, dest: Path, name: str, args: dict[str, str] = {}, add: list[str] = (),
            env: dict[str, str] = {}) -> None:
-    data = json.loads((profiles.DEFAULT_PROFILES_DIR / f"{src}.json").read_text())
+    data = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / f"{src}.json").read_text())
     data["args"] = [args.get(a, a) for a in data["args"]] + list(add)
     data["env"].update(env)
     (dest / f"{name}.json").write_text(json.dumps(data))
@@ -135,11 +139,11 @@ def test_mutated_profiles_fail_naming_the_profile_and_the_argument(image: tuple[
                                                                    tmp_path: Path) -> None:
     for name, (src, mutation, _) in MUTATIONS.items():
         mutate(src, tmp_path, f"kimi-k3-{name}", **mutation)
-    shutil.copyfile(profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json", tmp_path / "kimi-k3-tp32ep32.json")
+    shutil.copyfile(launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json", tmp_path / "kimi-k3-tp32ep32.json")
     # Expandable segments over Mooncake 0.3.14's dma-buf registration (the image's pin): accepted.
     mutate("kimi-k3-pd-prefill", tmp_path, "kimi-k3-guard-dmabuf",
            env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "WITH_NVIDIA_PEERMEM": "0"})
-    config = smoke.inside(image[0], "/tmp/kimi-k3-guard-config.yaml")
+    config = image_rootfs.inside(image[0], "/tmp/kimi-k3-guard-config.yaml")
     config.write_text("disaggregation-mode: decode\ndisaggregation-ib-device: mlx5_7\n")
     try:
         verdicts = check(image, profiles_dir=tmp_path)
@@ -161,8 +165,8 @@ def sglang_without_situ(image: tuple[Path, list[str]]) -> Iterator[list[str]]:
     """The image's SGLang with the files the gate patched put back to the wheel's (an image
     without the SiTU patch), restored afterwards."""
     rootfs, _ = image
-    site = smoke.inside(rootfs, "/" + SITE_PACKAGES)
-    manifest = json.loads(smoke.inside(rootfs, "/usr/share/kimi-k3/patch-gate/sglang.manifest.json").read_text())
+    site = image_rootfs.inside(rootfs, "/" + SITE_PACKAGES)
+    manifest = json.loads(image_rootfs.inside(rootfs, "/usr/share/kimi-k3/patch-gate/sglang.manifest.json").read_text())
     changed = [f["path"] for f in manifest["changed_files"]]
     assert "sglang/srt/layers/moe/moe_runner/flashinfer_cutlass.py" in changed
     saved = {p: (site / p).read_bytes() for p in changed}
@@ -179,7 +183,7 @@ def sglang_without_situ(image: tuple[Path, list[str]]) -> Iterator[list[str]]:
 @pytest.fixture
 def image_jit_dir(image: tuple[Path, list[str]]) -> Iterator[Path]:
     """The image's SGLang JIT directory (its manifest and leaves), restored afterwards."""
-    jit = smoke.inside(image[0], profiles.SGLANG_JIT_IMAGE_PATH)
+    jit = image_rootfs.inside(image[0], image_caches.SGLANG_JIT_IMAGE_PATH)
     saved = {p: p.read_bytes() for p in jit.rglob("*") if p.is_file()}
     try:
         yield jit
@@ -190,9 +194,9 @@ def image_jit_dir(image: tuple[Path, list[str]]) -> Iterator[Path]:
 
 def test_an_image_without_a_prebuilt_sglang_jit_build_fails_naming_it(image: tuple[Path, list[str]],
                                                                       image_jit_dir: Path) -> None:
-    manifest = json.loads((image_jit_dir / profiles.SGLANG_JIT_MANIFEST).read_text())
+    manifest = json.loads((image_jit_dir / image_caches.SGLANG_JIT_MANIFEST).read_text())
     dropped, damaged = manifest["modules"][0], manifest["modules"][1]
-    (image_jit_dir / profiles.SGLANG_JIT_MANIFEST).write_text(
+    (image_jit_dir / image_caches.SGLANG_JIT_MANIFEST).write_text(
         json.dumps({**manifest, "modules": manifest["modules"][1:]}))
     so = image_jit_dir / damaged["leaf"] / f"{damaged['module']}.so"
     so.write_bytes(so.read_bytes() + b"\0")
@@ -224,7 +228,7 @@ def image_triton_driver(image: tuple[Path, list[str]]) -> Iterator[Path]:
     """The image's Triton directory holding //jit_cache:triton_driver_12_0 (Triton's driver module
     as the Triton layer ships it; the image checked here is built without that layer), removed
     afterwards."""
-    shipped = smoke.inside(image[0], smoke.TRITON_IMAGE_PATH)
+    shipped = image_rootfs.inside(image[0], image_caches.TRITON_IMAGE_PATH)
     assert not shipped.exists(), "the image under test already has a Triton directory"
     shutil.copytree(single("KIMI_PROFILES_TRITON_DRIVER"), shipped)
     try:
@@ -241,12 +245,12 @@ def test_the_first_triton_launch_finds_the_shipped_driver_module(image: tuple[Pa
     another key (what a changed driver.c, Triton or path would give) is a build, named."""
     rootfs, env = image
     assert any(e == "TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu" for e in env), env
-    ok, line = smoke.check_triton_driver(rootfs, env)
+    ok, line = triton_driver_check.check_triton_driver(rootfs, env)
     print(line)
     assert ok, line
     assert line.endswith("(TRITON_LIBCUDA_PATH=/usr/lib/x86_64-linux-gnu), 0 compiles"), line
 
-    ok, line = smoke.check_triton_driver(rootfs, [*env, "TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64"])
+    ok, line = triton_driver_check.check_triton_driver(rootfs, [*env, "TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64"])
     assert not ok and "CacheError: TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64: the image's prebuilt Triton " \
         "driver module" in line, line
 
@@ -256,7 +260,7 @@ def test_the_first_triton_launch_finds_the_shipped_driver_module(image: tuple[Pa
     other = "0" * len(module["key"])
     (image_triton_driver / module["key"]).rename(image_triton_driver / other)
     manifest_path.write_text(json.dumps({**manifest, "modules": [{**module, "key": other}]}))
-    ok, line = smoke.check_triton_driver(rootfs, env)
+    ok, line = triton_driver_check.check_triton_driver(rootfs, env)
     assert not ok and line.startswith("Triton's driver module: Triton built cuda_utils;"), line
 
 

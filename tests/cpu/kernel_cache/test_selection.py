@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pytest
 
 from tools.common.errors import UserError
-from tools.image.smoke import write_driver_stub
+from tools.image.driver_stub import write_driver_stub
 from tools.kernel_cache.plan import describe_drift, make_plan, moe_instantiations, read_plan
 from tools.kernel_cache.selection import (BINDING, HEADER_NAME, INSTANTIATION, SELECTION_DIR,
                                           instances, load_selections)

@@ -4,8 +4,8 @@ The launch-profile check runs the image's own python3 and SGLang in a chroot. Un
 compressed layers would first compress ~10 GB and then decompress it again; instead the check
 mounts the trees the layers are written from (each wheel layer's installed tree, see
 oci_layer) under an overlay, and places the small parts (imported tars, files, trees) beside
-them (tools/image/smoke.py mount_rootfs_plan). The plan is a JSON file; its runfiles are the
-parts. Nothing here is pushed.
+them (tools/image/image_rootfs.py mounted_rootfs_plan). The plan is a JSON file; its runfiles are
+the parts. Nothing here is pushed.
 """
 
 load(":providers.bzl", "LayerInfo")
@@ -40,7 +40,7 @@ def _oci_rootfs_impl(ctx):
 
 oci_rootfs = rule(
     implementation = _oci_rootfs_impl,
-    doc = "The image's root as a plan of its layers' parts (bottom first) for tools/image/smoke.py; no blob is built.",
+    doc = "The image's root as a plan of its layers' parts (bottom first) for tools/image/image_rootfs.py; no blob is built.",
     attrs = {
         "layers": attr.label_list(providers = [LayerInfo], doc = "bottom first, as oci_image_layout takes them"),
         "env": attr.string_dict(doc = "the image's env (oci_image_layout's), merged over its defaults by the reader"),
