@@ -68,7 +68,7 @@ def _check_prebuilt(profile: Profile, inventory: Mapping[str, Any], cache: Kerne
                                     f"layer is built from (jit_cache/triton_calls.json) do not run it; {fix}")
             continue
         problems.append(f"reaches {site_id}, which {where} marks prebuilt, but this check cannot look up a "
-                        f"prebuilt {site['kind']} site in the image; teach tools/image/profiles.py _check_prebuilt"
+                        f"prebuilt {site['kind']} site in the image; teach tools/image/profile_verdicts.py _check_prebuilt"
                         + (" (for Triton: give it jit_cache/triton_calls.json)" if site["kind"] == "triton" else ""))
     return problems, checked
 
