@@ -31,7 +31,7 @@ from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsondata import load_json_file
 from tools.common.jsonfmt import review_json
 from tools.jit_cache.sglang_aot import add_sglang_commands
-from tools.jit_cache.inventory import (BACKEND_NEEDS_READ, CHECKPOINT_FACTS, REACH, build_inventory, differences,
+from tools.jit_cache.inventory import (BACKEND_NEEDS_READ, CHECKPOINT_FACT_SCHEMA, REACH, build_inventory, differences,
                                        load_profiles, log, read_inventory)
 from tools.jit_cache.tree import gated_tree, tree_from_dir
 
@@ -47,7 +47,7 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     # Every input file is read (and refused) before the tree is scanned or gated: minutes saved.
     profiles = load_profiles(args.profiles)
     reach = load_json_file(args.reach, "--reach", REACH)
-    facts = load_json_file(args.facts, "--facts", CHECKPOINT_FACTS)
+    facts = load_json_file(args.facts, "--facts", CHECKPOINT_FACT_SCHEMA)
     needs = load_json_file(args.backend_needs, "--backend-needs", BACKEND_NEEDS_READ)
     plan = _read_plan(args.kernel_plan)
     aot_modules = _aot_modules(args.sglang_modules, args.stack)

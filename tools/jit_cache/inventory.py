@@ -49,7 +49,7 @@ REACH = Object({
     "specialization_settings": ListOf(TEXT),
     "flashinfer_apis": MapOf(TEXT),
 }, optional={"description": TEXT, "entry_why": TEXT, "models_why": TEXT, "flashinfer_apis_why": TEXT})
-CHECKPOINT_FACTS = Object({
+CHECKPOINT_FACT_SCHEMA = Object({
     "schema_version": Enum(1),
     "architectures": MapOf(Object({"facts": MapOf(Object({"value": ANY, "source": TEXT}))})),
 }, optional={"description": TEXT})

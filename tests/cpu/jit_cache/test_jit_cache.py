@@ -16,7 +16,7 @@ from tools.common.errors import UserError
 from tools.common.jsondata import load_json_file
 from tools.common.jsonfmt import review_json
 from tools.jit_cache import cli
-from tools.jit_cache.inventory import CHECKPOINT_FACTS, REACH, validate_inventory, validate_reach
+from tools.jit_cache.inventory import CHECKPOINT_FACT_SCHEMA, REACH, validate_inventory, validate_reach
 from tools.jit_cache.sites import scan_module
 
 REPO_ROOT = Path(__file__).absolute().parents[3]
@@ -389,7 +389,7 @@ def test_checked_in_data_files() -> None:
     declared = {m["name"] for m in json.loads((REPO_ROOT / "kernel_cache" / "modules.json").read_text())["modules"]}
     unknown = sorted(set(reach["flashinfer_apis"].values()) - declared)
     assert unknown == [], f"jit_cache/reach.json flashinfer_apis name modules kernel_cache/modules.json lacks: {unknown}"
-    facts = load_json_file(REPO_ROOT / "jit_cache" / "checkpoint_facts.json", "facts", CHECKPOINT_FACTS)
+    facts = load_json_file(REPO_ROOT / "jit_cache" / "checkpoint_facts.json", "facts", CHECKPOINT_FACT_SCHEMA)
     for arch, entry in facts["architectures"].items():
         assert arch in reach["architectures"]
         for name, fact in entry["facts"].items():
