@@ -41,7 +41,7 @@ from tools.common.cache import cache_root
 from tools.common.errors import UserError, run_cli
 from tools.common.files import check_replaceable_dir, dir_replaced_atomically, workspace_path
 from tools.common.hashing import sha256_file
-from tools.common.jsondata import TEXT, Enum, ListOf, MapOf, Object, load_json_file
+from tools.common.jsondata import ANY, TEXT, Enum, ListOf, MapOf, Object, load_json_file
 from tools.common.progress import human_bytes
 from tools.fetch.cache import Cache
 from tools.fetch.cli import DEFAULT_TIMEOUT_S, Context, fetch_pin
@@ -103,6 +103,7 @@ HOST_SPEC_FILE = Object({
     "host_builds": MapOf(ListOf(TEXT)),  # a stack pin -> pins of the same version built for `python`
     "sglang_jit_runtime": SGLANG_JIT_RUNTIME,
     "triton_runtime": TRITON_RUNTIME,
+    "server_bundle": ANY,  # tools/gpu_suite/server_bundle.py checks it (SERVER_BUNDLE_SCHEMA)
 })
 
 

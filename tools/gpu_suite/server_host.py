@@ -1,0 +1,239 @@
+"""The GPU host's side of the real-server proof (issue #38): install the image's root from a
+server bundle (tools/gpu_suite/server_bundle.py) at the image's own paths, then start the
+image's entrypoint with a launch profile, run the workload against it, and stop it.
+
+    python3 server_host.py install --bundle DIR
+    python3 server_host.py serve --profile NAME --mode record|verify|plain --out DIR \
+        --workload FILE --model DIR [--port 30000] [--timeout 540] [--no-compilers]
+
+Standard library only: it runs under the GPU host's own python3 before the image's Python is
+installed, and imports nothing of tools/ (the bundle carries this file alone).
+
+install: checks every part and the whole stream against manifest.json, unpacks the stream at /
+(the image's files only: /usr/bin/python3.11, its standard library, the site-packages, the
+entrypoint, /usr/share/kimi-k3), links each CUDA library the bundle left to the host (manifest
+`from_host`) to the host torch's copy of it, links the driver's libcuda.so.1 where the image's
+TRITON_LIBCUDA_PATH says, and makes /opt/kimi-k3/bin/python3 the image's python3.11 (the
+entrypoint execs `python3`).
+
+serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) and the profile's,
+MODEL_PATH and PORT set; `--mode record` adds the first-use recorder (KIMI_K3_FIRST_USE_RECORD, the
+records under OUT/records), `--mode verify` its verify mode (a compile after ready fails the
+server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
+group. `--no-compilers`: PATH holds only the image's python3, CUDA_HOME names a directory that
+does not exist, and Triton's own ptxas is moved out of the installed tree (this tool wrote it),
+so nothing can compile: nvcc, ptxas and cc are unreachable. OUT gets server.log, workload.json
+(timings), the records and summary.json (exit codes, seconds to ready, the counts).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+
+MANIFEST = "manifest.json"
+SHIM_DIR = "/opt/kimi-k3/bin"
+IMAGE_PYTHON = "/usr/bin/python3.11"
+ENTRYPOINT = "/usr/local/bin/kimi-k3-entrypoint"
+SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+HOOKS_DIR = "/usr/share/kimi-k3/first-use"
+
+
+def log(message: str) -> None:
+    print(f"[server_host] {message}", flush=True)
+
+
+class _Parts:
+    """The bundle's parts read as one stream, hashed as they are read."""
+
+    def __init__(self, bundle: str, parts: list[dict]) -> None:
+        self.bundle, self.parts = bundle, list(parts)
+        self.whole = hashlib.sha256()
+        self._file = None
+        self._part_hash = None
+        self._expected = None
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            if self._file is None:
+                if not self.parts:
+                    return b""
+                part = self.parts.pop(0)
+                path = os.path.join(self.bundle, part["file"])
+                if not os.path.isfile(path):
+                    raise SystemExit(f"error: {path}: missing; carry every part of the bundle first")
+                self._file, self._part_hash, self._expected = open(path, "rb"), hashlib.sha256(), part
+            data = self._file.read(size if size and size > 0 else 1 << 20)
+            if data:
+                self._part_hash.update(data)
+                self.whole.update(data)
+                return data
+            self._file.close()
+            self._file = None
+            if self._part_hash.hexdigest() != self._expected["sha256"]:
+                raise SystemExit(f"error: {self._expected['file']}: sha256 differs from manifest.json; carry it again")
+
+
+def host_site_packages() -> str:
+    return sysconfig.get_paths()["purelib"]
+
+
+def install(bundle: str) -> int:
+    with open(os.path.join(bundle, MANIFEST)) as f:
+        manifest = json.load(f)
+    started = time.time()
+    stream = _Parts(bundle, manifest["parts"])
+    count = 0
+    with tarfile.open(fileobj=stream, mode="r|gz") as tar:
+        for member in tar:
+            if member.name.startswith(("/", "..")) or "/../" in member.name:
+                raise SystemExit(f"error: bundle member {member.name!r} is outside the image's root")
+            tar.extract(member, "/", set_attrs=member.isreg() or member.isdir(), filter="fully_trusted")
+            count += 1
+    if stream.whole.hexdigest() != manifest["sha256"]:
+        raise SystemExit("error: the bundle's stream sha256 differs from manifest.json; carry the parts again")
+    log(f"unpacked {count} members of image {manifest['image'][:19]}... in {time.time() - started:.0f}s")
+    image_site = SITE_PACKAGES
+    host_site = host_site_packages()
+    linked, missing = 0, []
+    for group, paths in manifest["from_host"].items():
+        for path in paths:
+            dest = "/" + path
+            rel = os.path.relpath(dest, image_site)
+            candidates = [os.path.join(host_site, rel)]
+            stem = os.path.basename(rel).split(".so")[0]
+            candidates += sorted(glob.glob(os.path.join(host_site, "nvidia", "**", stem + ".so*"), recursive=True))
+            source = next((c for c in candidates if os.path.exists(c)), None)
+            if source is None:
+                missing.append(rel)
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.lexists(dest):
+                os.unlink(dest)
+            os.symlink(source, dest)
+            linked += 1
+    log(f"linked {linked} CUDA libraries from the host's {host_site}; missing on the host: {missing or 'none'}")
+    env = dict(e.split("=", 1) for e in manifest["env"])
+    libcuda_dir = env.get("TRITON_LIBCUDA_PATH", "/usr/lib/x86_64-linux-gnu")
+    if not os.path.exists(os.path.join(libcuda_dir, "libcuda.so.1")):
+        found = sorted(glob.glob("/usr/local/nvidia/lib64/libcuda.so.1") + glob.glob("/usr/lib*/**/libcuda.so.1", recursive=True))
+        if found:
+            os.makedirs(libcuda_dir, exist_ok=True)
+            os.symlink(found[0], os.path.join(libcuda_dir, "libcuda.so.1"))
+            log(f"linked {libcuda_dir}/libcuda.so.1 -> {found[0]}")
+    os.makedirs(SHIM_DIR, exist_ok=True)
+    for name in ("python3", "python3.11", "python"):
+        link = os.path.join(SHIM_DIR, name)
+        if not os.path.lexists(link):
+            os.symlink(IMAGE_PYTHON, link)
+    with open(os.path.join(SHIM_DIR, "..", "image-env.json"), "w") as f:
+        json.dump(env, f)
+    return 0
+
+
+def hide_compilers(env: dict[str, str]) -> list[str]:
+    """Make nvcc, ptxas and cc unreachable for the server: PATH is the image python's shim alone,
+    CUDA_HOME names nothing, Triton's own ptxas is moved out of the tree install() wrote."""
+    moved = []
+    for ptxas in glob.glob(os.path.join(SITE_PACKAGES, "triton/backends/nvidia/bin/*")) + \
+            glob.glob(os.path.join(SITE_PACKAGES, "nvidia/cu13/bin/*")):
+        hidden = ptxas + ".hidden-by-server-host"
+        os.replace(ptxas, hidden)
+        moved.append(ptxas)
+    env["PATH"] = SHIM_DIR
+    env["CUDA_HOME"] = env["CUDA_PATH"] = "/nonexistent-cuda"
+    env.pop("TRITON_PTXAS_PATH", None)
+    for tool in ("nvcc", "ptxas", "cc", "gcc", "c++", "g++"):
+        if shutil.which(tool, path=env["PATH"]):
+            raise SystemExit(f"error: {tool} is still reachable on PATH={env['PATH']}")
+    return moved
+
+
+def serve(args: argparse.Namespace) -> int:
+    with open(os.path.join(SHIM_DIR, "..", "image-env.json")) as f:
+        image_env = json.load(f)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    env.update(image_env)
+    env["PATH"] = SHIM_DIR + ":" + env.get("PATH", "")
+    env.update(MODEL_PATH=os.path.abspath(args.model), PORT=str(args.port), PYTHONUNBUFFERED="1")
+    for item in args.env:
+        name, _, value = item.partition("=")
+        env[name] = value
+    records = os.path.join(out, "records")
+    if args.mode in ("record", "verify"):
+        env["PYTHONPATH"] = HOOKS_DIR
+        os.makedirs(records, exist_ok=True)
+        env["KIMI_K3_FIRST_USE_RECORD"] = records
+    if args.mode == "verify":
+        env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
+    moved = hide_compilers(env) if args.no_compilers else []
+    if moved:
+        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME={env['CUDA_HOME']}, moved {len(moved)} of the image's "
+            "CUDA tools out of the installed tree")
+    command = [IMAGE_PYTHON, ENTRYPOINT, "--profile", args.profile]
+    log("+ " + " ".join(command))
+    started = time.time()
+    with open(os.path.join(out, "server.log"), "w") as server_log:
+        server = subprocess.Popen(command, env=env, stdout=server_log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=out)
+        workload = subprocess.run(
+            [sys.executable, args.workload_runner, "--workload", args.workload, "--url", f"http://127.0.0.1:{args.port}",
+             "--wait-ready", str(args.timeout), "--out", os.path.join(out, "workload.json")],
+            timeout=args.timeout + 120)
+        server_code = server.poll()
+        if server_code is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server_code = server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server_code = server.wait()
+            stopped_by_us = True
+        else:
+            stopped_by_us = False
+    for ptxas in moved:
+        os.replace(ptxas + ".hidden-by-server-host", ptxas)
+    summary = {"mode": args.mode, "profile": args.profile, "workload_exit": workload.returncode,
+               "server_exit": server_code, "server_stopped_by_us": stopped_by_us,
+               "seconds": round(time.time() - started, 1), "compilers_hidden": bool(moved) or args.no_compilers}
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    log(json.dumps(summary))
+    return 0 if workload.returncode == 0 and stopped_by_us else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="server_host.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("install")
+    p.add_argument("--bundle", required=True)
+    p = sub.add_parser("serve")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--mode", choices=("record", "verify", "plain"), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--workload-runner", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"))
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--timeout", type=int, default=540)
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--no-compilers", action="store_true")
+    args = parser.parse_args(argv)
+    return install(args.bundle) if args.command == "install" else serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
