@@ -629,8 +629,8 @@ def install_flashinfer(core):
 
     def build_and_load_recorded(self):
         wrap_build(type(self))
-        rec.add(("flashinfer", self.name, ""), {"kind": "flashinfer", "module": self.name, "built": False,
-                                                "phase": rec.phase()})
+        name = spec_name(self)
+        rec.add(("flashinfer", name, ""), {"kind": "flashinfer", "module": name, "built": False, "phase": rec.phase()})
         return build_and_load(self)
 
     core.JitSpec.build_and_load = build_and_load_recorded
@@ -641,13 +641,19 @@ def install_flashinfer(core):
         build = cls.build
 
         def build_recorded(self, *args, **kwargs):
-            entry = {"kind": "flashinfer", "module": self.name, "built": True, "phase": rec.phase()}
-            rec.add(("flashinfer", self.name, ""), entry, merge_built)
-            rec.check("flashinfer", self.name, None, True, "built its JIT module")
+            name = spec_name(self)
+            entry = {"kind": "flashinfer", "module": name, "built": True, "phase": rec.phase()}
+            rec.add(("flashinfer", name, ""), entry, merge_built)
+            rec.check("flashinfer", name, None, True, "built its JIT module")
             return build(self, *args, **kwargs)
 
         cls.build = build_recorded
         cls._kimi_k3_build_recorded = True
+
+
+def spec_name(spec):
+    """JitSpec.name (nvcc modules: the module; CuTe-DSL specs: `<module dir>/<kernel>`)."""
+    return str(getattr(spec, "name", None) or type(spec).__qualname__)
 
 
 def merge_built(old, new):

@@ -21,7 +21,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -153,6 +152,200 @@ def mark_serving_started():
 '''
 
 
+# Stand-ins of the other libraries' hook points: only the names and call shapes the recorder wraps
+# (read in the pinned wheels: SGLang 0.5.23's JIT loader and CuTe AOT cache, flashinfer 0.7.2's
+# JitSpec, nvidia-cutlass-dsl 4.8.0's cute.compile, torch 2.14.1's inductor). Each compile writes a
+# file under $STANDIN_CACHE, which later processes find: a hit.
+STANDINS = {
+    "sglang/kernels/__init__.py": "",
+    "sglang/kernels/jit/__init__.py": "",
+    "sglang/kernels/jit/utils/__init__.py": "",
+    "sglang/kernels/jit/utils/compile/__init__.py":
+        "from sglang.kernels.jit.utils.compile.loader import load_jit\n",
+    "sglang/kernels/jit/utils/compile/cache.py": '''
+import hashlib
+
+
+def compute_build_key(spec, *, build_file):
+    return hashlib.sha256((build_file + spec.module_name).encode()).hexdigest()[:16]
+''',
+    "sglang/kernels/jit/utils/compile/ninja.py": '''
+def build(*, spec, build_dir, build_file):
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "module.so").write_text(build_file)
+    return build_dir / "module.so"
+''',
+    "sglang/kernels/jit/utils/compile/loader.py": '''
+import os
+import pathlib
+
+from sglang.kernels.jit.utils.compile import cache, ninja
+
+
+class BuildSpec:
+    def __init__(self, args):
+        self.module_args = tuple(args)
+        self.cpp_wrappers, self.cuda_wrappers = (), (("run", "Kernel<" + args[-1] + ">"),)
+
+    @property
+    def module_name(self):
+        return "sgl_kernel_jit_" + "_".join(self.module_args)
+
+
+def load_jit(*args):
+    spec = BuildSpec(args)
+    build_key = cache.compute_build_key(spec, build_file="rule cc")
+    scope = pathlib.Path(os.environ["STANDIN_CACHE"]) / "sglang" / spec.module_name / build_key
+    if _find_prebuilt(spec=spec, scope=scope) is not None:
+        return "loaded"
+    if _find_prebuilt(spec=spec, scope=scope) is not None:  # behind the lock
+        return "loaded"
+    ninja.build(spec=spec, build_dir=scope, build_file="rule cc")
+    return "built"
+
+
+def _find_prebuilt(*, spec, scope):
+    return scope if (scope / "module.so").exists() else None
+''',
+    "sglang/kernels/demo.py": '''
+from sglang.kernels.jit.utils.compile import load_jit
+
+
+def _jit_demo_module(dtype):
+    return load_jit("demo", dtype)
+''',
+    "sglang/kernels/jit/cute_aot_cache.py": '''
+import hashlib
+import os
+import pathlib
+
+
+class JITPersistentCache:
+    def __init__(self, name):
+        self.cache_path = pathlib.Path(os.environ["STANDIN_CACHE"]) / "cute" / name
+        self.cache = {}
+
+    def _key_to_hash(self, key):
+        return hashlib.sha256(repr(key).encode()).hexdigest()
+
+    def _try_load_from_storage(self, key):
+        return (self.cache_path / (self._key_to_hash(key) + ".o")).exists()
+
+    def __contains__(self, key):
+        return key in self.cache or self._try_load_from_storage(key)
+
+    def __setitem__(self, key, fn):
+        self.cache[key] = fn
+        self.cache_path.mkdir(parents=True, exist_ok=True)
+        (self.cache_path / (self._key_to_hash(key) + ".o")).write_text("o")
+''',
+    "cutlass/__init__.py": "",
+    "cutlass/cute/__init__.py": '''
+class CompileCallable:
+    def __init__(self, options=None):
+        self.options = options
+
+    def __getitem__(self, options):
+        return CompileCallable(options)
+
+    def __call__(self, *args, **kwargs):
+        return self._compile(*args, **kwargs)
+
+    def _compile(self, func, *args, **kwargs):
+        return func
+
+
+compile = CompileCallable()
+''',
+    "flashinfer/__init__.py": "",
+    "flashinfer/jit/__init__.py": "",
+    "flashinfer/jit/core.py": '''
+import os
+import pathlib
+
+
+class JitSpec:
+    def build_and_load(self):
+        cached = self.try_load()
+        if cached is not None:
+            return cached
+        self.build()
+        return self.load()
+
+
+class JitSpecNvcc(JitSpec):
+    def __init__(self, name, aot=False):
+        self.name, self.aot = name, aot
+        self.path = pathlib.Path(os.environ["STANDIN_CACHE"]) / "flashinfer" / name
+
+    def try_load(self):
+        return "aot" if self.aot else None  # only an AOT module loads without build()
+
+    def build(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("so")
+
+    def load(self):
+        return "jit"
+''',
+    "torch/__init__.py": "",
+    "torch/_inductor/__init__.py": "",
+    "torch/_inductor/codecache.py": '''
+class FxGraphCache:
+    @staticmethod
+    def prepare_key(gm, example_inputs, fx_kwargs, inputs_to_check, remote):
+        return ("fxkey-" + gm, []), {"cache_state": "miss"}
+''',
+    "torch/_inductor/compile_fx.py": '''
+from torch._inductor.codecache import FxGraphCache
+
+
+def fx_codegen_and_compile(gm, example_inputs, inputs_to_check, compile_region_name=None, **graph_kwargs):
+    return "compiled " + gm
+
+
+def compile_fx_inner(gm, region):
+    FxGraphCache.prepare_key(gm, [], {}, [], False)
+    return fx_codegen_and_compile(gm, [], [], compile_region_name=region)
+''',
+}
+
+# argv: `sglang-jit:<dtype>`, `flashinfer:<module>[:aot]`, `cute:<key>`, `inductor:<graph>`, `ready`.
+RUN_OTHERS_PY = '''
+import sys
+
+from sglang.srt.utils import triton_load_watch
+
+for step in sys.argv[1:]:
+    kind, _, arg = step.partition(":")
+    try:
+        if kind == "ready":
+            triton_load_watch.mark_serving_started()
+        elif kind == "sglang-jit":
+            from sglang.kernels.demo import _jit_demo_module
+            print("sglang-jit", _jit_demo_module(arg))
+        elif kind == "flashinfer":
+            from flashinfer.jit.core import JitSpecNvcc
+            name, _, aot = arg.partition(":")
+            print("flashinfer", JitSpecNvcc(name, aot=bool(aot)).build_and_load())
+        elif kind == "cute":
+            import cutlass.cute as cute
+            from sglang.kernels.jit.cute_aot_cache import JITPersistentCache
+
+            def fwd_kernel():
+                pass
+
+            store = JITPersistentCache("fwd")
+            if arg not in store:
+                store[arg] = cute.compile[("opt",)](fwd_kernel)
+        elif kind == "inductor":
+            from torch._inductor.compile_fx import compile_fx_inner
+            print("inductor", compile_fx_inner(arg, "region_" + arg))
+    except Exception as e:
+        print(f"caught: {type(e).__name__}: {e}")
+'''
+
+
 @pytest.fixture(scope="session")
 def triton_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     value = os.environ.get("KIMI_FIRST_USE_TRITON")
@@ -185,13 +378,18 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for package in (root / "sglang", root / "sglang" / "srt", watch):
         (package / "__init__.py").write_text("")
     (watch / "triton_load_watch.py").write_text(READY_PY)
+    for name, text in STANDINS.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "run_others.py").write_text(RUN_OTHERS_PY)
     return root
 
 
-def run(triton_tree: Path, fixtures: Path, cache: Path, steps: list[str], *, record: Path | None = None,
-        verify: bool = False, root: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(triton_tree: Path | None, fixtures: Path, cache: Path, steps: list[str], *, record: Path | None = None,
+        verify: bool = False, root: str | None = None, script: str = "run_kernels.py") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_", "TRITON_", "PYTHON"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(SITE), str(fixtures), str(triton_tree)]), TRITON_CACHE_DIR=str(cache),
+    path = [str(SITE), str(fixtures)] + ([str(triton_tree)] if triton_tree else [])
+    env.update(PYTHONPATH=os.pathsep.join(path), TRITON_CACHE_DIR=str(cache), STANDIN_CACHE=str(cache),
                PYTHONDONTWRITEBYTECODE="1")
     if record is not None:
         env["KIMI_K3_FIRST_USE_RECORD"] = str(record)
@@ -199,7 +397,7 @@ def run(triton_tree: Path, fixtures: Path, cache: Path, steps: list[str], *, rec
         env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
     if root is not None:
         env["KIMI_K3_FIRST_USE_ROOT"] = root
-    return subprocess.run([sys.executable, str(fixtures / "run_kernels.py"), *steps], env=env, text=True,
+    return subprocess.run([sys.executable, str(fixtures / script), *steps], env=env, text=True,
                           capture_output=True, timeout=600, cwd=fixtures)
 
 
@@ -378,6 +576,48 @@ def test_a_meta_file_without_its_fields_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "record").mkdir()
     with pytest.raises(UserError, match=r"^--meta .*: \$\.recorded_on\.capability: expected a non-empty list"):
         recording.merge(tmp_path / "record", meta)
+
+
+OTHER_STEPS = ["sglang-jit:bf16", "flashinfer:norm", "flashinfer:sampling:aot", "cute:k1", "inductor:g1"]
+
+
+def test_the_other_kinds_are_recorded_at_their_hook_points(fixtures: Path, tmp_path: Path) -> None:
+    cache, cold, warm = tmp_path / "cache", tmp_path / "cold", tmp_path / "warm"
+    done = run(None, fixtures, cache, OTHER_STEPS, record=cold, script="run_others.py")
+    assert done.returncode == 0 and "caught" not in done.stdout, done.stdout + done.stderr
+    doc = only_record(cold)
+    by_kind = {e["kind"]: e for e in doc["entries"] if e["kind"] != "flashinfer"}
+    jit = by_kind["sglang-jit"]
+    assert jit["module"] == "sgl_kernel_jit_demo_bf16" and jit["hit"] is False and len(jit["build_key"]) == 16
+    assert jit["call"] == {"function": "sglang.kernels.demo:_jit_demo_module", "args": {"dtype": "bf16"},
+                           "module_args": ["demo", "bf16"], "cpp_wrappers": [],
+                           "cuda_wrappers": [["run", "Kernel<bf16>"]]}
+    flashinfer = {e["module"]: e["built"] for e in doc["entries"] if e["kind"] == "flashinfer"}
+    assert flashinfer == {"norm": True, "sampling": False}  # an AOT module's load is not a compile
+    assert by_kind["cute-dsl"]["function"].endswith(":fwd_kernel") and by_kind["cute-dsl"]["key"].startswith("fwd/")
+    assert by_kind["inductor"] == {"kind": "inductor", "graph": "region_g1", "key": "fxkey-g1", "phase": "before_ready"}
+    assert {e["phase"] for e in doc["entries"]} == {"before_ready"}
+    # A second process finds the SGLang JIT module and the CuTe object built: hits, no cute.compile.
+    again = run(None, fixtures, cache, ["sglang-jit:bf16", "cute:k1"], record=warm, script="run_others.py")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [(e["kind"], e.get("hit")) for e in only_record(warm)["entries"]] == [("sglang-jit", True)]
+
+
+@pytest.mark.parametrize("step, named", [
+    ("sglang-jit:fp8", "sglang-jit sgl_kernel_jit_demo_fp8 missed its cached build"),
+    ("flashinfer:rope", "flashinfer rope built its JIT module"),
+    ("cute:k2", "cute-dsl __main__:fwd_kernel compiled"),
+    ("inductor:g2", "inductor region_g2 compiled"),
+])
+def test_verify_fails_each_kind_after_ready(fixtures: Path, tmp_path: Path, step: str, named: str) -> None:
+    cache = tmp_path / "cache"
+    assert run(None, fixtures, cache, OTHER_STEPS, script="run_others.py").returncode == 0
+    hits = run(None, fixtures, cache, ["ready", "sglang-jit:bf16", "flashinfer:sampling:aot", "cute:k1"], verify=True,
+               script="run_others.py")
+    assert hits.returncode == 0 and "caught" not in hits.stdout, hits.stdout + hits.stderr
+    miss = run(None, fixtures, cache, ["ready", step], verify=True, script="run_others.py")
+    assert miss.returncode == 3, miss.stdout + miss.stderr
+    assert f"kimi-k3 first-use verify: {named} after the server was ready" in miss.stderr
 
 
 if __name__ == "__main__":
