@@ -6,8 +6,9 @@ data the tools read (launch profiles, the needs table, module and call lists, lo
         schema; every problem is one UserError line naming `what` (the flag the user passed, or
         what the file is), the file, the JSON path and `fix`:
             --needs image/backend_needs.json: $.architectures: expected an object, found a list; fix the file
-    parse_json(text, where, fix) / check_json(value, schema, where, fix)
-        the two halves, for a reader that gets its text or its value some other way.
+    parse_json(text, where, fix) / check_json(value, schema, where, fix, at=())
+        the two halves, for a reader that gets its text or its value some other way (`at`: the
+        value's keys in its document, so the message's JSON path is the document's).
 
 A schema is a small declarative value, nested to any depth:
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tools.common.errors import UserError
 from tools.common.jsonfmt import json_path, loads_unique_keys
@@ -178,10 +179,13 @@ class Object(Schema):
                                   f"{', '.join(repr(k) for k in missing)}")
 
 
-def check_json(value: Any, schema: Schema, where: str, fix: str = DEFAULT_FIX) -> Any:
-    """`value`, after it matched `schema`; else a UserError `<where>: <JSON path>: <problem>; <fix>`."""
+def check_json(value: Any, schema: Schema, where: str, fix: str = DEFAULT_FIX,
+               at: Sequence[str | int] = ()) -> Any:
+    """`value`, after it matched `schema`; else a UserError `<where>: <JSON path>: <problem>; <fix>`.
+    `at`: where `value` sits in its document (the keys from the top), for a part checked on its
+    own after the document's shape (one entry of a list whose schema depends on its `kind`)."""
     try:
-        schema.check(value, [])
+        schema.check(value, list(at))
     except _Mismatch as e:
         raise UserError(f"{where}: {json_path(e.keys)}: {e.problem}; {fix}") from None
     return value

@@ -13,4 +13,9 @@ the sites and the reach come from reading its AST (jit_cache/README.md says what
 Modules: sites (one module's compile sites), reach (the import closure and its pruning), tree
 (the source tree, the gate for a wheel), inventory (one stack's inventory, the comparison), cli
 (`python3 -m tools.jit_cache inventory|check|install`).
+
+What a real server compiles (issue #38): first_use_hooks (run inside every process of the server
+through first_use_site/sitecustomize.py: each first-use compile recorded, or in verify mode any
+compile after ready failed by name) and recording (`python3 -m tools.jit_cache.recording
+merge|check`: the per-process records merged into jit_cache/recordings/<stack>.<arch>.json).
 """
