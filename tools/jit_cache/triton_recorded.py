@@ -43,7 +43,7 @@ from typing import Any, Sequence
 from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically
 from tools.common.hashing import sha256_file
-from tools.common.jsondata import (ANY, BOOLEAN, INTEGER, TEXT, Enum, ListOf, MapOf, Object, check_json,
+from tools.common.jsondata import (ANY, BOOLEAN, INTEGER, TEXT, Enum, ListOf, MapOf, Nullable, Object, check_json,
                                    json_path, load_json_file)
 from tools.common.jsonfmt import review_json
 from tools.jit_cache import triton_aot
@@ -55,15 +55,17 @@ PHASE = Enum("before_ready", "after_ready")
 ENTRY_SCHEMAS = {
     "triton": Object({
         "kind": TEXT, "kernel": TEXT, "key": TEXT, "phase": PHASE,
-        "key_parts": Object({name: ANY for name in ("triton", "source", "fn", "signature", "constexprs", "attrs",
-                                                    "backend", "options", "env")}, other=ANY),
-        "specialization": Object({name: ANY for name in ("name", "signature", "constant_keys", "constant_vals",
-                                                         "attrs_keys", "attrs_vals", "options", "key", "target")},
-                                 other=ANY),
+        # null: the compile was not a @triton.jit launch (an IR file given to triton.compile), or
+        # its specialization was not seen; such an entry is listed as not shippable.
+        "key_parts": Nullable(Object({name: ANY for name in ("triton", "source", "backend", "options", "env")},
+                                     other=ANY)),
+        "specialization": Nullable(Object({name: ANY for name in (
+            "name", "signature", "constant_keys", "constant_vals", "attrs_keys", "attrs_vals", "options", "key",
+            "target")}, other=ANY)),
     }, other=ANY),
     "triton-autotune": Object({
         "kind": TEXT, "kernel": TEXT, "tuning_key": ListOf(ANY), "configs": ListOf(TEXT),
-        "winner": Object({"kwargs": MapOf(ANY)}, other=ANY), "cache_key": TEXT, "cacheable": BOOLEAN,
+        "winner": Object({"kwargs": MapOf(ANY)}, other=ANY), "cache_key": Nullable(TEXT), "cacheable": BOOLEAN,
         "phase": PHASE,
     }, other=ANY),
     "sglang-jit": Object({"kind": TEXT, "module": TEXT, "build_key": TEXT, "phase": PHASE}, other=ANY),
@@ -96,13 +98,20 @@ def load_recording(path: Path, flag: str = "--recording") -> dict[str, Any]:
                             f"{', '.join(ENTRY_SCHEMAS)}; {FIX}")
         check_json(entry, ENTRY_SCHEMAS[kind], f"{where}: {json_path(['entries', i])}", FIX)
         kernel = entry.get("kernel")
-        if kind.startswith("triton") and not KERNEL.fullmatch(kernel):
+        if replayable(entry) and not KERNEL.fullmatch(kernel):
             raise UserError(f"{where}: {json_path(['entries', i, 'kernel'])}: {kernel!r} is not "
                             f"\"module:qualname\"; {FIX}")
         if kind == "triton" and hex_key(entry["key"]) is None:
             raise UserError(f"{where}: {json_path(['entries', i, 'key'])}: {entry['key']!r} is not a "
                             f"Triton cache key (64 hex digits); {FIX}")
     return recording
+
+
+def replayable(entry: dict[str, Any]) -> bool:
+    """A triton entry with its specialization and key parts, or an autotune entry with its key."""
+    if entry["kind"] == "triton":
+        return entry["specialization"] is not None and entry["key_parts"] is not None
+    return entry["kind"] == "triton-autotune" and entry["cache_key"] is not None
 
 
 def hex_key(key: str) -> str | None:
@@ -123,7 +132,7 @@ def cache_dir_name(key: str) -> str:
 def recorded_target(recording: dict[str, Any], arch: str, flag: str, path: Path) -> dict[str, Any]:
     """The one Triton target every triton entry was recorded for; it must be the --arch's."""
     targets = {json.dumps(e["specialization"]["target"], sort_keys=True)
-               for e in recording["entries"] if e["kind"] == "triton"}
+               for e in recording["entries"] if e["kind"] == "triton" and replayable(e)}
     major, minor = recording["recorded_on"]["capability"]
     if f"{major}.{minor}" != arch or recording["arch"] != arch:
         raise UserError(f"{flag} {path}: recorded on capability {major}.{minor} (arch {recording['arch']}), "
@@ -152,7 +161,7 @@ def _recorded_env(recording: dict[str, Any], flag: str, path: Path) -> dict[str,
     the whole recording): the worker runs with it."""
     import ast
 
-    envs = {e["key_parts"]["env"] for e in recording["entries"] if e["kind"] == "triton"}
+    envs = {e["key_parts"]["env"] for e in recording["entries"] if e["kind"] == "triton" and replayable(e)}
     if len(envs) > 1:
         raise UserError(f"{flag} {path}: triton entries keyed under {len(envs)} environments; record one server run")
     if not envs:
@@ -184,7 +193,7 @@ def replay(interp: Any, recording: dict[str, Any], path: Path, target: dict[str,
     return json.loads(Path(request["result"]).read_text())
 
 
-def triton_verdicts(recording: dict[str, Any], result: dict[str, Any], path: Path) -> list[str]:
+def triton_verdicts(recording: dict[str, Any], result: dict[str, Any]) -> list[str]:
     """One line per triton or autotune entry whose rebuild failed or whose key differs."""
     failures = []
     triton = [e for e in recording["entries"] if e["kind"] == "triton"]
@@ -286,13 +295,20 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
     target = recorded_target(recording, arch, "--recording", recording_path)
     device = stand_in_device(recording, arch, runtime)
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ENTRY_SCHEMAS}
+    not_shippable = []
     for e in recording["entries"]:
-        by_kind[e["kind"]].append(e)
+        if e["kind"].startswith("triton") and not replayable(e):
+            not_shippable.append({"kind": e["kind"], "kernel": e["kernel"], "tuning_key": e.get("tuning_key"),
+                                  "why": "no specialization recorded (not a @triton.jit launch)"
+                                  if e["kind"] == "triton" else "no autotune key recorded"})
+        else:
+            by_kind[e["kind"]].append(e)
+    recording = dict(recording, entries=by_kind["triton"] + by_kind["triton-autotune"])
     cache_dir = scratch / "triton-cache"
     log(f"{recording_path.name}: {len(by_kind['triton'])} Triton specializations, {len(by_kind['triton-autotune'])} "
         f"autotune results replayed against a stand-in {device.get('device_name')} ({target})")
     result = replay(interp, recording, recording_path, target, device, cache_dir, sglang, identity)
-    failures = triton_verdicts(recording, result, recording_path)
+    failures = triton_verdicts(recording, result)
     sglang_jit, more = check_sglang_jit(by_kind["sglang-jit"], sglang_manifest, stack)
     failures += more
     flashinfer, more = check_flashinfer(by_kind["flashinfer"], kernel_plan)
@@ -307,7 +323,7 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
     if len(entries) != len(keys):
         raise UserError(f"build-from-recording: Triton wrote {len(entries)} of {len(keys)} cache entries; "
                         "see the worker's output")
-    autotune, not_shippable, files = [], [], {}
+    autotune, files = [], {}
     for e, row in zip(by_kind["triton-autotune"], result["autotune"]):
         why = row["why"] or (None if e["cacheable"] else "recorded as not cacheable")
         if why:
@@ -344,7 +360,7 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
             "kernel": e["kernel"], "key": cache_dir_name(hex_key(e["key"])), "phase": e["phase"]}
             for e in by_kind["triton"]}.values(), key=lambda r: (r["kernel"], r["key"])),
         "autotune": autotune,
-        "not_shippable": sorted(not_shippable, key=lambda n: (n["kernel"], json.dumps(n["tuning_key"]))),
+        "not_shippable": sorted(not_shippable, key=lambda n: (n["kind"], n["kernel"], json.dumps(n["tuning_key"]))),
         "sglang_jit": sorted(sglang_jit, key=lambda v: (v["module"], v["build_key"])),
         "flashinfer": sorted(flashinfer, key=lambda v: v["module"]),
         "not_built": not_built,

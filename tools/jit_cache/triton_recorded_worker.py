@@ -132,17 +132,20 @@ def _local_extern_libs(options):
 
 
 def _encode(value):
-    """A constexpr's value as JSON, as Triton's serialize_specialization_data writes it."""
-    cls = value.__class__.__name__
-    if cls == "dtype":
-        return str(value)
-    if cls == "constexpr":
-        return _encode(value.value)
-    if cls == "JITFunction":
-        return f"{value.module}:{value.fn.__qualname__}"
-    if isinstance(value, tuple):
+    """A constexpr's value as the recording holds it (tools/jit_cache/first_use_hooks.py to_json):
+    tuples as lists, a kernel as {"jit_function": "module:qualname"}, anything else not JSON (a
+    dtype) by its str."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, (list, tuple)):
         return [_encode(v) for v in value]
-    return value
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if type(value).__name__ == "JITFunction":
+        return {"jit_function": f"{value.module}:{value.fn.__qualname__}"}
+    return str(value)
 
 
 def _normal(value):
@@ -284,6 +287,11 @@ def rebuild_triton(entry):
     return {"key": kernel.hash, "parts": parts, "differs": differs}
 
 
+def _as_tuple(value):
+    """The tuning key as Triton's autotuner holds it (a tuple; the recording's JSON has lists)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
 def autotune_key(entry, target):
     """The key and file name Triton's autotuner looks its disk cache up under for this kernel,
     tuning key and config list (runtime/autotuner.py check_disk_cache), and why it would not."""
@@ -308,7 +316,7 @@ def autotune_key(entry, target):
         make_backend(GPUTarget(target["backend"], target["arch"], target["warp_size"])).hash(),
         fn.cache_key,
         str(sorted(get_cache_invalidating_env_vars().items())),
-        str(tuple(entry["tuning_key"])),
+        str(_as_tuple(entry["tuning_key"])),
     ] + list(entry["configs"])
     return {"cache_key": hashlib.sha256("-".join(parts).encode()).hexdigest(),
             "file": f"{fn.__name__[:150]}.autotune.json", "why": why}
