@@ -146,8 +146,8 @@ def recorded_target(recording: dict[str, Any], arch: str, flag: str, path: Path)
 
 
 def stand_in_device(recording: dict[str, Any], arch: str, runtime: dict[str, Any] | None) -> dict[str, Any]:
-    """What the stand-in answers for the device: the runtime's (--runtime), else triton_aot's for
-    the arch, else the recorded capability and name (no properties)."""
+    """What the stand-in answers for the device: the runtime's (--device-of, --runtime), else
+    triton_aot's for the arch, else the recorded capability and name (no properties)."""
     if runtime is not None:
         return runtime["device"]
     if arch in triton_aot.DEVICES:
@@ -286,14 +286,15 @@ class HostPython:
 
 def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Path, out: Path,
           sglang: bool = True, sglang_manifest: Path | None = None, kernel_plan: Path | None = None,
-          runtime: dict[str, Any] | None = None, identity: Path | None = None) -> dict[str, Any]:
+          runtime: dict[str, Any] | None = None, identity: Path | None = None,
+          device_of: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rebuild RECORDING's first-use caches into OUT (nothing written on any failure); returns the
     manifest."""
     recording = load_recording(recording_path)
     if recording["stack"] != stack:
         raise UserError(f"--recording {recording_path}: recorded for stack {recording['stack']}, not --stack {stack}")
     target = recorded_target(recording, arch, "--recording", recording_path)
-    device = stand_in_device(recording, arch, runtime)
+    device = stand_in_device(recording, arch, device_of or runtime)
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ENTRY_SCHEMAS}
     not_shippable = []
     for e in recording["entries"]:
@@ -386,6 +387,7 @@ def build_from_recording(a: argparse.Namespace) -> int:
     runtime = triton_aot.load_runtime(a.runtime)
     if runtime is not None and a.host_triton is None:
         raise UserError("--runtime: give --host-triton (its Triton wheel) too")
+    device = triton_aot.load_runtime(a.device_of or a.runtime)
     with triton_aot.fixed_root() as scratch:
         image = triton_aot._image(scratch, a.base_tar, a.site_tree, a.site_packages, a.arch)
         triton_aot.fix_source_mtimes(image.site, a.source_date_epoch)
@@ -395,7 +397,7 @@ def build_from_recording(a: argparse.Namespace) -> int:
             triton_aot.check_key_as(image, identity)
         t0 = time.monotonic()
         build(a.recording, a.stack, a.arch, image, scratch, a.out, True, a.sglang_manifest, a.kernel_plan,
-              runtime, identity)
+              runtime, identity, device)
     log(f"rebuilt from {a.recording} in {time.monotonic() - t0:.0f} s")
     return 0
 
@@ -417,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--runtime", type=Path, help="the recording ran another host's Triton: a JSON file with a "
                    "triton_runtime object (tools/gpu_suite/gpu_host.json)")
     b.add_argument("--host-triton", type=Path, help="with --runtime: its Triton wheel")
+    b.add_argument("--device-of", type=Path, help="the stand-in answers as this file's triton_runtime device "
+                   "(tools/gpu_suite/gpu_host.json; SGLang's kernels read its properties at import), keying "
+                   "for the image's Triton")
     b.add_argument("--source-date-epoch", type=int, default=0,
                    help="the mtime given to the sources a kernel's line info names (image/constants.bzl)")
     b.add_argument("--out", type=Path, required=True)
