@@ -254,5 +254,57 @@ def test_malformed_entry_is_one_line(tmp_path, edit, message):
     assert "\n" not in str(e.value)
 
 
+def test_other_kinds_are_checked_against_the_builds_that_ship_them(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "kimi-k3-sglang-jit.json").write_text(json.dumps(
+        {"modules": [{"module": "norm_a", "build_key": "k1"}]}))
+    entries = [{"kind": "sglang-jit", "module": "norm_a", "build_key": "k1", "phase": "before_ready"},
+               {"kind": "sglang-jit", "module": "rope_b", "build_key": "k2", "phase": "after_ready",
+                "call": {"call": "sglang.jit.rope:_jit_rope_module", "args": {"dtype": "bfloat16"}}}]
+    verdicts, failures = triton_recorded.check_sglang_jit(entries, tmp_path / "sglang", "pypi")
+    assert verdicts == [{"module": "norm_a", "build_key": "k1", "prebuilt": True}]
+    assert failures == ['sglang-jit module rope_b: not in the SGLang JIT build; add to jit_cache/sglang_modules.json '
+                        'stacks.pypi: {"args": {"dtype": "bfloat16"}, "call": "sglang.jit.rope:_jit_rope_module", '
+                        '"why": "recorded at first use"}']
+    plan = tmp_path / "plan_90a_x.pypi.bzl"
+    plan.write_text('KERNEL_CACHE_PLAN = {"schema_version": 1, "selection": "gpu-test-sm90", "modules": ["norm"]}\n')
+    verdicts, failures = triton_recorded.check_flashinfer(
+        [{"kind": "flashinfer", "module": m, "phase": "before_ready"} for m in ("norm", "sampling")], plan)
+    assert verdicts == [{"module": "norm", "prebuilt": True}]
+    assert failures == ["flashinfer module sampling: plan_90a_x.pypi.bzl does not build it; add it to "
+                        "kernel_cache/selections.json selections.gpu-test-sm90 and regenerate the plan "
+                        "(tools/bazel run //kernel_cache:update_plans)"]
+
+
+def test_coverage_maps_recorded_sites_to_the_inventory(tmp_path, capsys):
+    from tools.jit_cache import cli, coverage
+
+    key = "A" * 52
+    recording = {"schema_version": 1, "stack": "pypi", "arch": "9.0", "recorded_on": {"capability": [9, 0]}, "entries": [
+        {"kind": "triton", "kernel": "sglang.ops.k:fwd_kernel", "key": key, "phase": "before_ready",
+         "key_parts": None, "specialization": None},
+        {"kind": "triton", "kernel": "sglang.ops.new:other_kernel", "key": "B" * 52, "phase": "after_ready",
+         "key_parts": None, "specialization": None},
+        {"kind": "flashinfer", "module": "norm", "phase": "before_ready"},
+        {"kind": "inductor", "graph": "g0", "key": "x", "phase": "after_ready"}]}
+    sites = {"triton:sglang/ops/k.py:fwd_kernel": {"kind": "triton", "file": "sglang/ops/k.py", "name": "fwd_kernel"},
+             "triton:sglang/ops/k.py:bwd_kernel": {"kind": "triton", "file": "sglang/ops/k.py", "name": "bwd_kernel"},
+             "flashinfer:kernel_cache:norm": {"kind": "flashinfer", "file": "image/backend_needs.json", "name": "norm",
+                                              "status": "prebuilt"}}
+    (tmp_path / "rec.json").write_text(json.dumps(recording))
+    (tmp_path / "inv.json").write_text(json.dumps({"sites": sites}))
+    (tmp_path / "kimi-k3-triton.json").write_text(json.dumps({"entries": {key: {}}, "flashinfer": [{"module": "norm"}]}))
+    rows = {r["kind"]: r for r in coverage.coverage(recording, {"sites": sites},
+                                                    json.loads((tmp_path / "kimi-k3-triton.json").read_text()))}
+    assert (rows["triton"]["prebuilt"], rows["triton"]["entries"], rows["triton"]["in_inventory"]) == (1, 2, 1)
+    assert rows["triton"]["static_only"] == ["triton:sglang/ops/k.py:bwd_kernel"]
+    assert rows["triton"]["not_in_inventory"] == ["triton:sglang/ops/new.py:other_kernel"]
+    assert (rows["flashinfer"]["prebuilt"], rows["inductor"]["entries"], rows["inductor"]["sites"]) == (1, 1, 0)
+    assert cli.main(["coverage", "--recording", str(tmp_path / "rec.json"), "--inventory", str(tmp_path / "inv.json"),
+                     "--cache-manifest", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "triton           1/2" in out and "recorded, not in the inventory's reached sites: triton:sglang/ops/new.py:other_kernel" in out
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
