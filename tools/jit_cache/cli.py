@@ -15,7 +15,10 @@
         cache layout (tools/jit_cache/sglang_aot.py; what //jit_cache:sglang_jit_<arch> runs);
     check-sglang --stack S --arch A --modules FILE --base-tar TAR --site-tree DIR... --cache OUT
         SGLang's own loader, as the image runs it (no compiler, SGLANG_CRASH_ON_JIT_COMPILE=1),
-        finds and loads every module of OUT.
+        finds and loads every module of OUT;
+    coverage --recording FILE --inventory jit_cache/inventory.<S>.json [--cache-manifest OUT]
+        per kind, the recorded first-use compiles prebuilt / recorded, and the inventory's
+        static-only sites (tools/jit_cache/coverage.py).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from tools.common.errors import UserError
 from tools.common.files import workspace_path, write_bytes_atomic
 from tools.common.jsondata import load_json_file
 from tools.common.jsonfmt import review_json
+from tools.jit_cache.coverage import add_coverage_command
 from tools.jit_cache.sglang_aot import add_sglang_commands
 from tools.jit_cache.inventory import (BACKEND_NEEDS_READ, CHECKPOINT_FACT_SCHEMA, REACH, build_inventory, differences,
                                        load_profiles, log, read_inventory)
@@ -160,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--inventory-dir", type=Path, default=Path("jit_cache"))
         p.set_defaults(func=func)
     add_sglang_commands(sub)
+    add_coverage_command(sub)
     return parser
 
 

@@ -21,6 +21,15 @@ device under the image's python3.11 over the `layers`' trees (tools/jit_cache/tr
 Triton's own driver module (cuda_utils, which Triton builds with a C compiler at its first
 launch), keyed as the image keys it. Without `calls`: the driver module alone.
 
+    triton_recorded_cache(name, arch, stack, recording, layers, kernel_plan, sglang_jit)
+
+The first-use caches a recording (jit_cache/recordings/<stack>.<arch>.json) lists, rebuilt: each
+Triton specialization replayed with Triton's own preload against a stand-in device of the
+recorded target (every key must be the recorded one, else the build fails naming the kernel and
+the part that differs), each cacheable autotune result as Triton's autotune file; the recorded
+SGLang JIT and FlashInfer modules checked against `sglang_jit` and `kernel_plan`
+(tools/jit_cache/triton_recorded.py).
+
 INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
 every stack (//tests/cpu/jit_cache:inventory_current).
 """
@@ -29,9 +38,11 @@ load("//tools/jit_cache/private:inventory.bzl", _CHECK_ARGS = "CHECK_ARGS", _CHE
 
 load("//tools/jit_cache/private:sglang_jit.bzl", _sglang_jit_cache = "sglang_jit_cache")
 load("//tools/jit_cache/private:triton_cache.bzl", _triton_cache = "triton_cache")
+load("//tools/jit_cache/private:triton_recorded.bzl", _triton_recorded_cache = "triton_recorded_cache")
 
 INVENTORY_CHECK_ARGS = _CHECK_ARGS
 INVENTORY_CHECK_DATA = _CHECK_DATA
 jit_cache_inventories = _jit_cache_inventories
 sglang_jit_cache = _sglang_jit_cache
 triton_cache = _triton_cache
+triton_recorded_cache = _triton_recorded_cache

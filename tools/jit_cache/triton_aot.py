@@ -305,8 +305,9 @@ def bind(cache: Path, triton_cache_dir: Path) -> int:
         children = {name: str(root / key / name) for name in entry["files"]}
         write_bytes_atomic(group, json.dumps({"child_paths": children}).encode())
         written += 1
-    # Triton's own C modules: Triton looks a module up as <key>/<file> (no group file).
-    for module in manifest.get("modules", []):
+    # Triton's own C modules and autotune results (triton_recorded.py): Triton looks them up as
+    # <key>/<file> (no group file).
+    for module in manifest.get("modules", []) + manifest.get("autotune", []):
         link = triton_cache_dir / module["key"] / module["file"]
         if link.exists():
             continue

@@ -35,6 +35,7 @@ SWAP_CALLERS = {
     ("image/wheel_install.py", "install_wheels", "out"): "None",
     ("jit_cache/sglang_aot.py", "build_sglang", "out"): "None",
     ("jit_cache/triton_aot.py", "build_triton", "out"): "None",
+    ("jit_cache/triton_recorded.py", "build", "out"): "None",
     ("kernel_cache/actions.py", "assemble", "out.absolute()"): "tool",  # None from the CLI, BUILD_TOOL from build
     ("kernel_cache/cli.py", "main", "args.out.absolute()"): "None",
     ("kernel_cache/toolchain.py", "unpack_tvm_ffi", "out"): "None",
