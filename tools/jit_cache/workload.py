@@ -109,13 +109,29 @@ def check_workload(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def load_workload(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise WorkloadError(f"--workload {path}: cannot read it ({e.strerror or e}); pass jit_cache/workload.json") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as e:
+        raise WorkloadError(f"--workload {path}: key {e.args[0]!r} given twice in one object (JSON keeps the "
+                            f"last silently); {FIX}") from None
     except ValueError as e:
         raise WorkloadError(f"--workload {path}: not JSON ({e}); {FIX}") from None
     return check_workload(data, f"workload {path}")
@@ -178,6 +194,10 @@ def send(url: str, body: dict[str, Any]) -> dict[str, Any]:
         out["error"] = f"{type(e).__name__}: {e}"
     if out["error"] is None and (out["ttft_s"] is None or out["total_s"] is None):
         out["error"] = "the stream ended without a chunk or without [DONE]"
+    wanted = body["sampling_params"].get("max_new_tokens")
+    if out["error"] is None and body["sampling_params"].get("ignore_eos") and wanted != out["output_tokens"]:
+        # with ignore_eos a short answer means the server stopped the request itself
+        out["error"] = f"{out['output_tokens']} output tokens of the {wanted} asked (finish {out.get('finish_reason')})"
     if out["total_s"] is None:
         out["total_s"] = time.perf_counter() - start
     return out
