@@ -27,6 +27,8 @@ PYPI_PLAN = REPO_ROOT / "kernel_cache" / "plan_120f_kimi-k3.pypi.bzl"
 # The SGLang version the probe reports (as the pypi stack's image would).
 SGLANG_PYPI = stack_version("pypi", "sglang")
 ROLES = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
+# Not a serving role: the H200 proof (issue #38) on one SM90 GPU with the shrunk model.
+H200_PROOF = "kimi-k3-h200-proof"
 
 
 def write_profile(directory: Path, name: str, **changes: object) -> Path:
@@ -42,9 +44,9 @@ def write_profile(directory: Path, name: str, **changes: object) -> Path:
 
 def test_the_three_roles_are_valid_profiles() -> None:
     loaded = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
-    assert sorted(loaded) == ROLES
+    assert sorted(loaded) == sorted(ROLES + [H200_PROOF])
     backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
-    for p in loaded.values():
+    for p in (loaded[role] for role in ROLES):
         assert p.architectures == ["KimiK3ForConditionalGeneration"] and p.kernel_selection == "kimi-k3"
         args = p.data["args"]
         assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_mxfp4"
@@ -59,7 +61,7 @@ def test_the_three_roles_are_valid_profiles() -> None:
         # What the entrypoint guard checks, stated in the profile: Mooncake, no expandable segments.
         assert "expandable_segments:True" not in pd["env"].get("PYTORCH_CUDA_ALLOC_CONF", "")
     sizes = {n: {f: p.data["args"][p.data["args"].index(f) + 1] for f in ("--tp-size", "--ep-size")}
-             for n, p in loaded.items()}
+             for n, p in loaded.items() if n in ROLES}
     assert sizes["kimi-k3-tp32ep32"] == {"--tp-size": "32", "--ep-size": "32"}
     assert sizes["kimi-k3-pd-prefill"] == {"--tp-size": "4", "--ep-size": "4"}
     assert sizes["kimi-k3-pd-decode"] == {"--tp-size": "32", "--ep-size": "4"}
@@ -81,6 +83,20 @@ def test_a_malformed_profile_is_one_line_naming_the_file(tmp_path: Path, changes
     with pytest.raises(UserError) as e:
         launch_profiles.load_profiles(tmp_path)
     assert str(e.value).startswith(f"profile {path}") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_h200_proof_profile() -> None:
+    """The shrunk model on one SM90 GPU: no checkpoint, no tokenizer, BF16 experts on Triton, and
+    FlashInfer allowed to JIT (the image's kernels are SM120's; the recording run records it)."""
+    p = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)[H200_PROOF]
+    assert p.architectures == ["KimiK3LinearForCausalLM"] and p.kernel_selection == "gpu-test-sm90"
+    args = p.data["args"]
+    for flag, value in (("--load-format", "dummy"), ("--tp-size", "1"), ("--moe-runner-backend", "triton"),
+                        ("--attention-backend", "triton"), ("--kv-cache-dtype", "bf16"),
+                        ("--chunked-prefill-size", "8192"), ("--host", "127.0.0.1")):
+        assert args[args.index(flag) + 1] == value, flag
+    assert "--skip-tokenizer-init" in args
+    assert "FLASHINFER_DISABLE_JIT" not in p.data["env"] and p.data["env"]["TRITON_CACHE_AUTOTUNING"] == "1"
 
 
 def test_a_declared_placeholder_nothing_uses_is_refused(tmp_path: Path) -> None:
@@ -469,7 +485,7 @@ def entrypoint_layer_argv(tmp_path: Path, profile_files: list[Path]) -> list[str
 
 
 def test_the_entrypoint_layer_action_refuses_a_bad_profile(tmp_path: Path) -> None:
-    shipped = sorted(launch_profiles.DEFAULT_PROFILES_DIR.glob("*.json"))
+    shipped = sorted(p for p in launch_profiles.DEFAULT_PROFILES_DIR.glob("*.json") if p.stem in ROLES)
     bad = tmp_path / "bad" / "kimi-k3-pd-prefill.json"
     bad.parent.mkdir()
     data = json.loads(shipped[1].read_text())
