@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with dir_replaced_atomically(args.out, "--out", tool=TOOL) as tmp:
         layers = built_layers(args.layer, args.env) if args.layer else None
         manifest = write_bundle(args.layout, tmp, spec, trees, args.part_mib << 20, layers)
-        (tmp / MANIFEST).write_text(review_json(manifest))
+        (tmp / MANIFEST).write_bytes(review_json(manifest))
     size = sum(p["size"] for p in manifest["parts"])
     print(f"wrote {args.out}: image {(manifest['image'] or 'not assembled')[:19]}, {manifest['files']} files, "
           f"{human_bytes(manifest['bytes_unpacked'])} unpacked, {len(manifest['parts'])} parts, {human_bytes(size)}")

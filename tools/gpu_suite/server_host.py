@@ -174,7 +174,7 @@ def serve(args: argparse.Namespace) -> int:
         env[name] = value
     records = os.path.join(out, "records")
     if args.mode in ("record", "verify"):
-        env["PYTHONPATH"] = HOOKS_DIR
+        env["PYTHONPATH"] = os.path.abspath(args.hooks)
         os.makedirs(records, exist_ok=True)
         env["KIMI_K3_FIRST_USE_RECORD"] = records
     if args.mode == "verify":
@@ -226,7 +226,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--workload", required=True)
-    p.add_argument("--workload-runner", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"))
+    p.add_argument("--workload-runner",
+                   default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jit_cache", "workload.py"))
+    p.add_argument("--hooks", default=HOOKS_DIR, help="the recorder's site directory (first_use_site)")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
