@@ -37,3 +37,8 @@ TRITON_LIBCUDA_PATH = "/usr/lib/x86_64-linux-gnu"
 # The GPU arch of the image: its FLASHINFER_CUDA_ARCH_LIST and the arch its kernel cache must be
 # built for (the kernel-cache layer action refuses any other).
 IMAGE_CUDA_ARCH = "12.0f"
+
+# The first-use compile recorder (tools/jit_cache/first_use_hooks.py and its site directory's
+# sitecustomize.py, layer first_use): `--record-first-use DIR` / `--verify-first-use` put this
+# directory first on PYTHONPATH (image/entrypoint.py).
+FIRST_USE_SITE = "/usr/share/kimi-k3/first-use/site"

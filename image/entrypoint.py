@@ -60,6 +60,10 @@ SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
 SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
 TRITON_DIR = "/usr/share/kimi-k3/triton"
 TRITON_MANIFEST = "kimi-k3-triton.json"
+# image/constants.bzl FIRST_USE_SITE: the first-use compile recorder's site directory
+# (tools/jit_cache/first_use_site: a sitecustomize.py that loads ../first_use_hooks.py).
+FIRST_USE_SITE = "/usr/share/kimi-k3/first-use/site"
+RECORD_FLAG, VERIFY_FLAG = "--record-first-use", "--verify-first-use"
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
@@ -496,7 +500,44 @@ def bind_triton_cache(env: dict[str, str], shipped: str = TRITON_DIR) -> int:
     return sum(not os.path.isdir(p) for p in made)
 
 
+def first_use_env(argv: Sequence[str], env: Mapping[str, str],
+                  site: str = FIRST_USE_SITE) -> tuple[list[str], dict[str, str]]:
+    """Strip the leading `--record-first-use DIR` / `--verify-first-use` from argv; return the rest
+    and the environment that turns the recorder on in every process SGLang starts (its site
+    directory first on PYTHONPATH: each spawned interpreter imports its sitecustomize). DIR gets
+    one record per process (merge them: `python3 -m tools.jit_cache.recording merge`); it must
+    be empty or new, so records of two runs never mix. Verify mode fails the server on any
+    compile or cache miss after it is ready, naming the kernel."""
+    argv = list(argv)
+    added: dict[str, str] = {}
+    while argv[:1] in ([RECORD_FLAG], [VERIFY_FLAG]):
+        flag = argv.pop(0)
+        if flag == VERIFY_FLAG:
+            added["KIMI_K3_FIRST_USE_VERIFY"] = "1"
+            continue
+        if not argv or argv[0].startswith("-"):
+            raise ProfileError(f"{RECORD_FLAG} takes a directory for the records, e.g. {RECORD_FLAG} /records")
+        records = argv.pop(0)
+        if os.path.isdir(records) and os.listdir(records):
+            raise ProfileError(f"{RECORD_FLAG} {records}: not empty; give a new or empty directory "
+                               "(records of two runs are not merged)")
+        added["KIMI_K3_FIRST_USE_RECORD"] = os.path.abspath(records)
+    if added:
+        if not os.path.isfile(os.path.join(site, "sitecustomize.py")):
+            raise ProfileError(f"{site}: no first-use recorder in this image; build it with the layer_first_use layer")
+        added["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+    return argv, added
+
+
 def main(argv: Sequence[str]) -> int:
+    try:
+        argv, first_use = first_use_env(argv, os.environ)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if "KIMI_K3_FIRST_USE_RECORD" in first_use:
+        os.makedirs(first_use["KIMI_K3_FIRST_USE_RECORD"], exist_ok=True)
+    os.environ.update(first_use)
     if argv[:1] in (["--profile"], ["--print-profile"]):
         if len(argv) != 2:
             print(f"error: {argv[0]} NAME takes no other arguments: a profile is started as it was checked; "

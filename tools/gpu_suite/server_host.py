@@ -17,9 +17,8 @@ TRITON_LIBCUDA_PATH says, and makes /opt/kimi-k3/bin/python3 the image's python3
 entrypoint execs `python3`).
 
 serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) and the profile's,
-MODEL_PATH and PORT set; `--mode record` adds the first-use recorder (KIMI_K3_FIRST_USE_RECORD, the
-records under OUT/records), `--mode verify` its verify mode (a compile after ready fails the
-server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
+MODEL_PATH and PORT set; `--mode record` starts it with `--record-first-use OUT/records`, `--mode verify`
+adds `--verify-first-use` (a compile after ready fails the server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
 group. `--no-compilers`: PATH holds only the image's python3, CUDA_HOME names a directory that
 does not exist, and Triton's own ptxas is moved out of the installed tree (this tool wrote it),
 so nothing can compile: nvcc, ptxas and cc are unreachable. OUT gets server.log, workload.json
@@ -45,7 +44,6 @@ SHIM_DIR = "/opt/kimi-k3/bin"
 IMAGE_PYTHON = "/usr/bin/python3.11"
 ENTRYPOINT = "/usr/local/bin/kimi-k3-entrypoint"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
-HOOKS_DIR = "/usr/share/kimi-k3/first-use"
 
 
 def log(message: str) -> None:
@@ -173,17 +171,25 @@ def serve(args: argparse.Namespace) -> int:
         name, _, value = item.partition("=")
         env[name] = value
     records = os.path.join(out, "records")
+    flags: list[str] = []
     if args.mode in ("record", "verify"):
+        flags += ["--record-first-use", records]
+    if args.mode == "verify":
+        flags += ["--verify-first-use"]
+    if args.hooks and flags:
+        # A recorder from this checkout instead of the image's layer first_use (an image built
+        # before it): the same environment the entrypoint's flags set.
         env["PYTHONPATH"] = os.path.abspath(args.hooks)
         os.makedirs(records, exist_ok=True)
         env["KIMI_K3_FIRST_USE_RECORD"] = records
-    if args.mode == "verify":
-        env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
+        if args.mode == "verify":
+            env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
+        flags = []
     moved = hide_compilers(env) if args.no_compilers else []
     if moved:
         log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME={env['CUDA_HOME']}, moved {len(moved)} of the image's "
             "CUDA tools out of the installed tree")
-    command = [IMAGE_PYTHON, ENTRYPOINT, "--profile", args.profile]
+    command = [IMAGE_PYTHON, ENTRYPOINT, *flags, "--profile", args.profile]
     log("+ " + " ".join(command))
     started = time.time()
     with open(os.path.join(out, "server.log"), "w") as server_log:
@@ -228,7 +234,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workload", required=True)
     p.add_argument("--workload-runner",
                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jit_cache", "workload.py"))
-    p.add_argument("--hooks", default=HOOKS_DIR, help="the recorder's site directory (first_use_site)")
+    p.add_argument("--hooks", help="a recorder's site directory (tools/jit_cache/first_use_site) to use instead of "
+                   "the image's; default: the entrypoint's --record-first-use / --verify-first-use")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")

@@ -154,6 +154,28 @@ def test_image_paths_agree_with_constants_and_the_entrypoint() -> None:
 
     assert values["TRITON_DIR"] == image_caches.TRITON_IMAGE_PATH == launch_profiles.load_entrypoint().TRITON_DIR
     assert triton_aot.MANIFEST == launch_profiles.load_entrypoint().TRITON_MANIFEST
+    assert values["FIRST_USE_SITE"] == launch_profiles.load_entrypoint().FIRST_USE_SITE
+
+
+def test_the_entrypoint_turns_the_first_use_recorder_on_by_flag(tmp_path: Path) -> None:
+    entrypoint = launch_profiles.load_entrypoint()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("")
+    records = tmp_path / "records"
+    argv, env = entrypoint.first_use_env(["--record-first-use", str(records), "--verify-first-use",
+                                          "--profile", "p"], {"PYTHONPATH": "/x"}, site=str(site))
+    assert argv == ["--profile", "p"]
+    assert env == {"KIMI_K3_FIRST_USE_RECORD": str(records), "KIMI_K3_FIRST_USE_VERIFY": "1",
+                   "PYTHONPATH": f"{site}:/x"}
+    assert entrypoint.first_use_env(["--profile", "p"], {}, site=str(site)) == (["--profile", "p"], {})
+    (records / "old").mkdir(parents=True)
+    with pytest.raises(entrypoint.ProfileError, match="not empty"):
+        entrypoint.first_use_env(["--record-first-use", str(records)], {}, site=str(site))
+    with pytest.raises(entrypoint.ProfileError, match="takes a directory"):
+        entrypoint.first_use_env(["--record-first-use", "--profile", "p"], {}, site=str(site))
+    with pytest.raises(entrypoint.ProfileError, match="no first-use recorder"):
+        entrypoint.first_use_env(["--verify-first-use"], {}, site=str(tmp_path / "none"))
 
 
 # ---------------------------------------------------------------- the entrypoint
