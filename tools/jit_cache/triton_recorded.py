@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tools.common.errors import UserError, run_cli
 from tools.common.files import dir_replaced_atomically
@@ -287,9 +287,12 @@ class HostPython:
 def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Path, out: Path,
           sglang: bool = True, sglang_manifest: Path | None = None, kernel_plan: Path | None = None,
           runtime: dict[str, Any] | None = None, identity: Path | None = None,
-          device_of: dict[str, Any] | None = None) -> dict[str, Any]:
+          device_of: dict[str, Any] | None = None,
+          driver_module: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Rebuild RECORDING's first-use caches into OUT (nothing written on any failure); returns the
-    manifest."""
+    manifest. driver_module(cache_dir) builds Triton's driver module there (the Bazel build's
+    triton_aot.build_driver_module): the image has no C compiler, so a cache without it compiles
+    cuda_utils at the first launch."""
     recording = load_recording(recording_path)
     if recording["stack"] != stack:
         raise UserError(f"--recording {recording_path}: recorded for stack {recording['stack']}, not --stack {stack}")
@@ -320,6 +323,7 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
         raise UserError(f"build-from-recording: {len(failures)} recorded entr{'y' if len(failures) == 1 else 'ies'} "
                         "cannot be prebuilt as recorded (one line each above)")
     keys = {cache_dir_name(row["key"]) for row in result["triton"]}
+    cache_dir.mkdir(parents=True, exist_ok=True)  # a recording of no Triton compile wrote none
     entries = {k: v for k, v in triton_aot.shipped_entries(cache_dir).items() if k in keys}
     if len(entries) != len(keys):
         raise UserError(f"build-from-recording: Triton wrote {len(entries)} of {len(keys)} cache entries; "
@@ -344,6 +348,7 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
     autotune = sorted({json.dumps(a, sort_keys=True): a for a in autotune}.values(),
                       key=lambda a: (a["key"], a["file"]))
     not_built = {k: len(by_kind[k]) for k in ("cute-dsl", "inductor") if by_kind[k]}
+    modules = [driver_module(cache_dir)] if driver_module else []
     manifest = {
         "schema_version": triton_aot.SCHEMA_VERSION,
         "description": "First-use caches rebuilt from a recording by tools/jit_cache/triton_recorded.py "
@@ -365,7 +370,7 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
         "sglang_jit": sorted(sglang_jit, key=lambda v: (v["module"], v["build_key"])),
         "flashinfer": sorted(flashinfer, key=lambda v: v["module"]),
         "not_built": not_built,
-        "modules": [],
+        "modules": modules,
     }
     with dir_replaced_atomically(out, "--out", tool=None) as tmp:
         for key, entry in entries.items():
@@ -373,6 +378,10 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
             for name in entry["files"]:
                 shutil.copyfile(cache_dir / key / name, tmp / key / name)
                 (tmp / key / name).chmod(0o644)
+        for module in modules:
+            (tmp / module["key"]).mkdir(exist_ok=True)
+            shutil.copyfile(cache_dir / module["key"] / module["file"], tmp / module["key"] / module["file"])
+            (tmp / module["key"] / module["file"]).chmod(0o755)
         for rel, data in files.items():
             (tmp / rel).parent.mkdir(exist_ok=True)
             (tmp / rel).write_bytes(data)
@@ -396,8 +405,22 @@ def build_from_recording(a: argparse.Namespace) -> int:
             identity = triton_aot.unpack_host_triton(a.host_triton, runtime, scratch / "host-triton")
             triton_aot.check_key_as(image, identity)
         t0 = time.monotonic()
+        driver_module = None
+        if a.userland:
+            if runtime is not None:
+                raise UserError("--userland: Triton's driver module is built for the image's Python; "
+                                "drop it with --runtime")
+            if not a.libcuda_path.startswith("/") or not a.cuda_home:
+                raise UserError("--userland: give --cuda-home and an absolute --libcuda-path too "
+                                "(image/constants.bzl TRITON_LIBCUDA_PATH)")
+
+            def driver_module(cache_dir: Path) -> dict[str, Any]:
+                module = triton_aot.build_driver_module(image, cache_dir, a.cuda_home, a.userland,
+                                                        a.libcuda_path, a.site_packages)
+                log(f"Triton's driver module {module['file']} ({module['key'][:12]}...) built with {module['compiler']}")
+                return module
         build(a.recording, a.stack, a.arch, image, scratch, a.out, True, a.sglang_manifest, a.kernel_plan,
-              runtime, identity, device)
+              runtime, identity, device, driver_module)
     log(f"rebuilt from {a.recording} in {time.monotonic() - t0:.0f} s")
     return 0
 
@@ -424,6 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "for the image's Triton")
     b.add_argument("--source-date-epoch", type=int, default=0,
                    help="the mtime given to the sources a kernel's line info names (image/constants.bzl)")
+    b.add_argument("--cuda-home", help="with --userland: the pinned CUDA root (@kimi_cuda; its libcuda link stub)")
+    b.add_argument("--userland", help="build Triton's driver module (cuda_utils) with the pinned compiler userland "
+                   "(@kimi_cxx_userland), as the image needs it")
+    b.add_argument("--libcuda-path", default="", help="with --userland: the image's TRITON_LIBCUDA_PATH")
     b.add_argument("--out", type=Path, required=True)
     a = parser.parse_args(argv)
     return build_from_recording(a)

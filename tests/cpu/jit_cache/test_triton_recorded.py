@@ -196,6 +196,23 @@ def test_rebuild_gives_every_recorded_key_the_same_bytes_twice(triton_site, fixt
     assert _tree(tmp_path / "out1") == _tree(tmp_path / "out2")
 
 
+def test_driver_module_ships_beside_the_entries(triton_site, fixture_dir, recorded, tmp_path):
+    """The image has no C compiler: the rebuilt cache carries Triton's driver module (built by the
+    callback, triton_aot.build_driver_module in the Bazel build) and lists it for `bind`."""
+    def driver_module(cache_dir: Path) -> dict:
+        (cache_dir / "DRIVERKEY").mkdir()
+        (cache_dir / "DRIVERKEY" / "cuda_utils.so").write_bytes(b"module")
+        return {"module": "cuda_utils", "key": "DRIVERKEY", "file": "cuda_utils.so"}
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    interp = triton_recorded.HostPython(sys.executable, [str(triton_site), str(fixture_dir)], scratch)
+    manifest = triton_recorded.build(_write(tmp_path, recorded), "pypi", "9.0", interp, scratch, tmp_path / "out",
+                                     sglang=False, driver_module=driver_module)
+    assert manifest["modules"] == [{"module": "cuda_utils", "key": "DRIVERKEY", "file": "cuda_utils.so"}]
+    assert (tmp_path / "out" / "DRIVERKEY" / "cuda_utils.so").read_bytes() == b"module"
+    assert "DRIVERKEY" not in manifest["entries"]
+
+
 def _edited(recorded: dict, edit) -> dict:
     copy = json.loads(json.dumps(recorded))
     edit(next(e for e in copy["entries"] if e["kind"] == "triton" and e["kernel"].endswith("scale_add")))

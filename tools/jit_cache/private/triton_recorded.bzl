@@ -1,7 +1,7 @@
 """triton_recorded_cache: the first-use caches of a recording (jit_cache/recordings/<stack>.<arch>.json)
 rebuilt ahead of time in Triton's cache layout (see //tools/jit_cache:defs.bzl)."""
 
-load("//image:constants.bzl", "SOURCE_DATE_EPOCH")
+load("//image:constants.bzl", "SOURCE_DATE_EPOCH", "TRITON_LIBCUDA_PATH")
 load("//tools/image/private:providers.bzl", "LayerInfo")
 load(":image_inputs.bzl", "image_tool_args", "run_on_image")
 
@@ -26,10 +26,19 @@ def _triton_recorded_cache_impl(ctx):
         args.add("--runtime", ctx.file.runtime)
         args.add("--host-triton", ctx.file.host_triton)
         inputs += [ctx.file.runtime, ctx.file.host_triton]
+    else:
+        # Triton's driver module (cuda_utils) for the image's Python: the image has no C compiler,
+        # so a cache without it compiles at the first launch.
+        args.add("--cuda-home", ctx.file._cuda_identity.dirname)
+        args.add("--userland", ctx.file._userland_identity.dirname)
+        args.add("--libcuda-path", TRITON_LIBCUDA_PATH)
+        inputs += [ctx.file._cuda_identity, ctx.file._userland_identity]
+        transitive += [ctx.attr._cuda[DefaultInfo].files, ctx.attr._userland[DefaultInfo].files]
     args.add("--out", out.path)
 
     # Sandboxed and remote-cacheable: the image's base tar and installed trees, the recording,
-    # the plan and SGLang JIT build it is checked against, and the tool's sources are every input
+    # the plan and SGLang JIT build it is checked against, the pinned compiler userland and CUDA
+    # root (the driver module and its libcuda link stub) and the tool's sources are every input
     # (Triton and its ptxas are the image's own).
     return run_on_image(
         ctx,
@@ -57,6 +66,10 @@ triton_recorded_cache = rule(
         "device_of": attr.label(allow_single_file = [".json"], doc = "the stand-in device answers as this file's triton_runtime device (tools/gpu_suite/gpu_host.json), keyed for the image's Triton"),
         "host_triton": attr.label(allow_single_file = [".whl"], doc = "with runtime: that host's Triton wheel"),
         "_tool": attr.label(default = "//tools/jit_cache:triton_recorded"),
+        "_cuda": attr.label(default = "@kimi_cuda//:root"),
+        "_cuda_identity": attr.label(allow_single_file = True, default = "@kimi_cuda//:identity"),
+        "_userland": attr.label(default = "@kimi_cxx_userland//:root"),
+        "_userland_identity": attr.label(allow_single_file = True, default = "@kimi_cxx_userland//:identity"),
     },
     toolchains = ["@bazel_tools//tools/python:toolchain_type"],
 )
