@@ -19,7 +19,8 @@ Left out (gpu_host.json `server_bundle`): the layers that are the image's SM120 
 cache, its SGLang JIT modules) and the attachments, and the CUDA libraries the GPU host's own
 torch brings (cuBLAS, cuDNN, ...: `server_host.py install` links the host's copies where the
 image has them), so a bundle is a third of the image. `--tree` adds a directory at an image path
-(the GPU's own first-use caches, built here for its arch).
+(the GPU's own first-use caches, built here for its arch); `--trees-only` writes those alone, an
+overlay for a host that already installed a bundle.
 
 DIR is this tool's output (marked): written in a temp sibling and swapped in whole.
 """
@@ -251,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--layout", type=Path, help="the image's OCI layout directory")
     source.add_argument("--layer", type=Path, action="append", help="a layer's <name>.layer.json, bottom first")
+    source.add_argument("--trees-only", action="store_true",
+                        help="only the --tree directories: an overlay installed over a host that holds an earlier "
+                             "bundle (the first-use caches built after its recording), a few parts instead of all")
     parser.add_argument("--env", action="append", default=[], help="with --layer: the image's env, NAME=VALUE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--host-spec", type=Path, default=HOST_SPEC)
@@ -265,9 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not sep or not image_path.startswith("/") or not Path(local).is_dir():
             raise UserError(f"--tree {item}: expected /IMAGE/PATH=LOCAL_DIR with an existing directory")
         trees[image_path] = Path(local)
+    if args.trees_only and not trees:
+        raise UserError("--trees-only: give at least one --tree /IMAGE/PATH=LOCAL_DIR")
     with dir_replaced_atomically(args.out, "--out", tool=TOOL) as tmp:
         layers = built_layers(args.layer, args.env) if args.layer else None
+        if args.trees_only:
+            layers = (None, [], {"config": {"Env": list(args.env)}})
         manifest = write_bundle(args.layout, tmp, spec, trees, args.part_mib << 20, layers)
+        manifest["overlay"] = args.trees_only
         (tmp / MANIFEST).write_bytes(review_json(manifest))
     size = sum(p["size"] for p in manifest["parts"])
     print(f"wrote {args.out}: image {(manifest['image'] or 'not assembled')[:19]}, {manifest['files']} files, "

@@ -89,6 +89,17 @@ def install(bundle: str, root: str = "/") -> int:
     with open(os.path.join(bundle, MANIFEST)) as f:
         manifest = json.load(f)
     started = time.time()
+    # Every part is checked before anything is unpacked: a part carried wrong leaves no half tree.
+    for part in manifest["parts"]:
+        path = os.path.join(bundle, part["file"])
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {path}: missing; carry every part of the bundle first")
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != part["sha256"]:
+            raise SystemExit(f"error: {part['file']}: sha256 differs from manifest.json; carry it again")
     stream = _Parts(bundle, manifest["parts"])
     count = 0
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
@@ -100,8 +111,10 @@ def install(bundle: str, root: str = "/") -> int:
     if stream.whole.hexdigest() != manifest["sha256"]:
         raise SystemExit("error: the bundle's stream sha256 differs from manifest.json; carry the parts again")
     log(f"unpacked {count} members of image {(manifest['image'] or 'not assembled')[:19]} in {time.time() - started:.0f}s")
-    if root != "/":
-        return 0  # a trial unpack elsewhere (tests): the links below are for a host that runs it
+    if root != "/" or manifest.get("overlay"):
+        # A trial unpack elsewhere (tests), or an overlay of trees over an installed bundle
+        # (server_bundle --trees-only): the links and the env below are the full bundle's.
+        return 0
     image_site = SITE_PACKAGES
     host_site = host_site_packages()
     linked, missing = 0, []

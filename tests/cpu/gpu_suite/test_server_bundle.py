@@ -1,0 +1,110 @@
+"""The real-server proof's transport (issue #38): server_bundle.py writes an image's layers as
+parts with sha256s, leaving out the host's CUDA libraries and the SM120 layers; server_host.py
+installs them (a trial root here), refuses a corrupted part, and a --trees-only overlay lands over
+an earlier install without touching it otherwise."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tools.common.errors import UserError
+from tools.gpu_suite import server_bundle
+
+HOST = Path(server_bundle.__file__).with_name("server_host.py")
+
+
+def _layer(tmp: Path, name: str, files: dict[str, bytes]) -> Path:
+    """A built layer as the image's layer action leaves it (gzip here: zstd needs its CLI)."""
+    blob = tmp / f"layer_{name}.tar.zst"
+    with tarfile.open(blob, "w:gz") as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    meta = tmp / f"layer_{name}.layer.json"
+    meta.write_text(json.dumps({"name": name, "digest": "sha256:" + "0" * 64,
+                                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"}))
+    return meta
+
+
+@pytest.fixture()
+def layers(tmp_path: Path) -> list[Path]:
+    site = "usr/local/lib/python3.11/dist-packages"
+    return [
+        _layer(tmp_path, "base", {"usr/bin/python3.11": b"python"}),
+        _layer(tmp_path, "torch", {f"{site}/torch/__init__.py": b"torch",
+                                   f"{site}/nvidia/cu13/lib/libcublas.so.13": b"cublas from the wheel"}),
+        _layer(tmp_path, "kernel_cache", {f"{site}/flashinfer/data/aot/sm120.so": b"sm120"}),
+        _layer(tmp_path, "entrypoint", {"usr/local/bin/kimi-k3-entrypoint": b"entry"}),
+    ]
+
+
+def _bundle(tmp: Path, out: Path, *args: str, part_mib: int = 1) -> dict:
+    assert server_bundle.main([*args, "--out", str(out), "--part-mib", str(part_mib)]) == 0
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _install(bundle: Path, root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HOST), "install", "--bundle", str(bundle), "--root", str(root)],
+                          capture_output=True, text=True)
+
+
+def test_bundle_installs_the_image_files_and_leaves_out_what_the_host_gives(tmp_path, layers):
+    args = [a for layer in layers for a in ("--layer", str(layer))] + ["--env", "A=1"]
+    manifest = _bundle(tmp_path, tmp_path / "b", *args)
+    assert [l["layer"] for l in manifest["layers"]] == ["layer_base", "layer_torch", "layer_entrypoint"]
+    assert [l["layer"] for l in manifest["layers_left_out"]] == ["layer_kernel_cache"]
+    assert manifest["from_host"] == {"cuBLAS": ["usr/local/lib/python3.11/dist-packages/nvidia/cu13/lib/libcublas.so.13"]}
+    assert manifest["env"] == ["A=1"] and manifest["overlay"] is False
+    root = tmp_path / "root"
+    proc = _install(tmp_path / "b", root)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "usr/bin/python3.11").read_bytes() == b"python"
+    assert (root / "usr/local/bin/kimi-k3-entrypoint").read_bytes() == b"entry"
+    assert not (root / "usr/local/lib/python3.11/dist-packages/nvidia").exists()
+    assert not (root / "usr/local/lib/python3.11/dist-packages/flashinfer").exists()
+
+
+def test_a_corrupted_part_is_refused(tmp_path, layers):
+    args = [a for layer in layers for a in ("--layer", str(layer))]
+    manifest = _bundle(tmp_path, tmp_path / "b", *args)
+    part = tmp_path / "b" / manifest["parts"][0]["file"]
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))
+    proc = _install(tmp_path / "b", tmp_path / "root")
+    assert proc.returncode != 0
+    assert "root.tar.gz.000: sha256 differs from manifest.json" in proc.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_trees_only_overlay_adds_the_caches_over_an_install(tmp_path, layers):
+    args = [a for layer in layers for a in ("--layer", str(layer))]
+    _bundle(tmp_path, tmp_path / "b", *args)
+    root = tmp_path / "root"
+    assert _install(tmp_path / "b", root).returncode == 0
+    cache = tmp_path / "triton"
+    (cache / "KEY").mkdir(parents=True)
+    (cache / "KEY" / "kernel.cubin").write_bytes(b"cubin")
+    overlay = _bundle(tmp_path, tmp_path / "o", "--trees-only", "--tree", f"/usr/share/kimi-k3/triton={cache}")
+    assert overlay["overlay"] is True and overlay["layers"] == [] and len(overlay["parts"]) == 1
+    proc = _install(tmp_path / "o", root)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "usr/share/kimi-k3/triton/KEY/kernel.cubin").read_bytes() == b"cubin"
+    assert (root / "usr/bin/python3.11").read_bytes() == b"python"
+
+
+def test_trees_only_without_a_tree_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="--trees-only: give at least one --tree"):
+        server_bundle.main(["--trees-only", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
