@@ -10,8 +10,9 @@ Standard library only: it runs under the GPU host's own python3 before the image
 installed, and imports nothing of tools/ (the bundle carries this file alone).
 
 install: checks every part and the whole stream against manifest.json, unpacks the stream at /
-(the image's files only: /usr/bin/python3.11, its standard library, the site-packages, the
-entrypoint, /usr/share/kimi-k3), links each CUDA library the bundle left to the host (manifest
+(the image's own trees always: /usr/bin/python3.11, its standard library, the site-packages, the
+entrypoint, /usr/share/kimi-k3; any other path only where the host has none, so the host's glibc,
+shell and python3 stay its own), links each CUDA library the bundle left to the host (manifest
 `from_host`) to the host torch's copy of it, links the driver's libcuda.so.1 where the image's
 TRITON_LIBCUDA_PATH says, and makes /opt/kimi-k3/bin/python3 the image's python3.11 (the
 entrypoint execs `python3`).
@@ -44,6 +45,12 @@ SHIM_DIR = "/opt/kimi-k3/bin"
 IMAGE_PYTHON = "/usr/bin/python3.11"
 ENTRYPOINT = "/usr/local/bin/kimi-k3-entrypoint"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+# What the image owns on the host: always written. Any other path of the bundle (Debian's glibc,
+# bash, OpenSSL, ...) is written only where the host has nothing: the host's own system stays
+# whole (its python3 runs this tool and the workload), and the image's python3.11 runs on the
+# host's libraries where both have one (the host's glibc is the newer; glibc keeps old symbols).
+IMAGE_OWNED = ("usr/lib/python3.11/", "usr/local/lib/python3.11/", "usr/share/kimi-k3/", "opt/kimi-k3/")
+IMAGE_OWNED_FILES = ("usr/bin/python3.11", "usr/local/bin/kimi-k3-entrypoint")
 
 
 def log(message: str) -> None:
@@ -101,15 +108,21 @@ def install(bundle: str, root: str = "/") -> int:
         if digest.hexdigest() != part["sha256"]:
             raise SystemExit(f"error: {part['file']}: sha256 differs from manifest.json; carry it again")
     stream = _Parts(bundle, manifest["parts"])
-    count = 0
+    count = kept = 0
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
         for member in tar:
             if member.name.startswith(("/", "..")) or "/../" in member.name:
                 raise SystemExit(f"error: bundle member {member.name!r} is outside the image's root")
+            name = member.name.lstrip("./")
+            owned = name.startswith(IMAGE_OWNED) or name in IMAGE_OWNED_FILES
+            if not owned and os.path.lexists(os.path.join(root, name)):
+                kept += 1  # the host's own file (or directory) stays
+                continue
             tar.extract(member, root, set_attrs=member.isreg() or member.isdir(), filter="fully_trusted")
             count += 1
     if stream.whole.hexdigest() != manifest["sha256"]:
         raise SystemExit("error: the bundle's stream sha256 differs from manifest.json; carry the parts again")
+    log(f"kept {kept} of the host's own paths the bundle also has (outside the image's own trees)")
     log(f"unpacked {count} members of image {(manifest['image'] or 'not assembled')[:19]} in {time.time() - started:.0f}s")
     if root != "/" or manifest.get("overlay"):
         # A trial unpack elsewhere (tests), or an overlay of trees over an installed bundle

@@ -37,7 +37,8 @@ def _layer(tmp: Path, name: str, files: dict[str, bytes]) -> Path:
 def layers(tmp_path: Path) -> list[Path]:
     site = "usr/local/lib/python3.11/dist-packages"
     return [
-        _layer(tmp_path, "base", {"usr/bin/python3.11": b"python"}),
+        _layer(tmp_path, "base", {"usr/bin/python3.11": b"python", "usr/lib/x86_64-linux-gnu/libc.so.6": b"debian libc",
+                                  "usr/lib/x86_64-linux-gnu/libffi.so.8": b"debian libffi"}),
         _layer(tmp_path, "torch", {f"{site}/torch/__init__.py": b"torch",
                                    f"{site}/nvidia/cu13/lib/libcublas.so.13": b"cublas from the wheel"}),
         _layer(tmp_path, "kernel_cache", {f"{site}/flashinfer/data/aot/sm120.so": b"sm120"}),
@@ -69,6 +70,21 @@ def test_bundle_installs_the_image_files_and_leaves_out_what_the_host_gives(tmp_
     assert (root / "usr/local/bin/kimi-k3-entrypoint").read_bytes() == b"entry"
     assert not (root / "usr/local/lib/python3.11/dist-packages/nvidia").exists()
     assert not (root / "usr/local/lib/python3.11/dist-packages/flashinfer").exists()
+
+
+def test_the_hosts_own_files_stay_and_the_images_own_trees_win(tmp_path, layers):
+    args = [a for layer in layers for a in ("--layer", str(layer))]
+    _bundle(tmp_path, tmp_path / "b", *args)
+    root = tmp_path / "root"
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu/libc.so.6").write_bytes(b"host libc")
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/python3.11").write_bytes(b"host python3.11")
+    proc = _install(tmp_path / "b", root)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes() == b"host libc"
+    assert (root / "usr/lib/x86_64-linux-gnu/libffi.so.8").read_bytes() == b"debian libffi"
+    assert (root / "usr/bin/python3.11").read_bytes() == b"python"
 
 
 def test_a_corrupted_part_is_refused(tmp_path, layers):
