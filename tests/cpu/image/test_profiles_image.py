@@ -34,7 +34,11 @@ from tools.image import triton_driver_check
 from tools.image.wheel_install import SITE_PACKAGES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-SHIPPED = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
+# The SM120 deployment profiles, which the image must pass, and the H200 proof's (issue #38:
+# SM90, the gpu-test-sm90 kernel selection), which the SM120 image must refuse, naming why.
+SM120_PROFILES = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
+SM90_PROOF = "kimi-k3-h200-proof"
+SHIPPED = sorted([*SM120_PROFILES, SM90_PROOF])
 
 
 def single(var: str) -> Path:
@@ -79,6 +83,8 @@ def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]
         assert (shipped / f"{name}.json").read_bytes() == (launch_profiles.DEFAULT_PROFILES_DIR / f"{name}.json").read_bytes()
     verdicts = check(image)
     assert sorted(verdicts) == SHIPPED
+    proof = verdicts.pop(SM90_PROOF)
+    assert not proof.ok and "needs kernel selection gpu-test-sm90" in proof.line, proof.line
     failed = [v.line for v in verdicts.values() if not v.ok]
     assert not failed, "\n".join(failed)
     for name, v in verdicts.items():
@@ -215,7 +221,7 @@ def test_an_image_without_a_prebuilt_sglang_jit_build_fails_naming_it(image: tup
 def test_mxfp4_backend_on_an_image_without_the_situ_patch(image: tuple[Path, list[str]],
                                                           sglang_without_situ: list[str]) -> None:
     verdicts = check(image)
-    for name in SHIPPED:
+    for name in SM120_PROFILES:
         v = verdicts[name]
         assert not v.ok
         assert v.line.startswith(f"profile {name} ({name}.json): --moe-runner-backend flashinfer_mxfp4 needs "
