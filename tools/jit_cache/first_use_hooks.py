@@ -104,6 +104,16 @@ class Recorder:
         self.lock = threading.RLock()
         self.local = threading.local()
         self.reset_process()
+        self.drop_own_marker()  # a stale one, of an earlier process tree whose root had this pid
+
+    def drop_own_marker(self):
+        """The root process removes a ready marker kept in the temp directory (no record
+        directory): another process tree whose root gets this pid later must not start ready."""
+        if self.record_dir is None and self.root == str(self.pid):
+            try:
+                os.unlink(self.ready_marker())
+            except OSError:
+                pass
 
     def reset_process(self):
         """State of a fresh process (also after fork: the child records only its own compiles)."""
@@ -224,6 +234,7 @@ class Recorder:
         except Exception as e:  # reported, never in the way of the exit itself
             print(f"kimi-k3 first-use: autotuner scan failed ({type(e).__name__}: {e})", file=sys.stderr)
         self.flush()
+        self.drop_own_marker()
         if self.violations:
             # Registered before the server's own handlers, so this runs after them; an exception
             # the server caught must still fail the process.

@@ -603,6 +603,18 @@ def test_the_other_kinds_are_recorded_at_their_hook_points(fixtures: Path, tmp_p
     assert [(e["kind"], e.get("hit")) for e in only_record(warm)["entries"]] == [("sglang-jit", True)]
 
 
+def test_verify_without_a_record_dir_leaves_no_ready_marker(fixtures: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a record directory the ready marker lives in the temp directory, named by the root
+    pid; left there, a later server whose root got the same pid would start "after ready"."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    done = run(None, fixtures, tmp_path / "cache", ["ready"], verify=True, script="run_others.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("kimi-k3-first-use-ready")) == []
+
+
 @pytest.mark.parametrize("step, named", [
     ("sglang-jit:fp8", "sglang-jit sgl_kernel_jit_demo_fp8 missed its cached build"),
     ("flashinfer:rope", "flashinfer rope built its JIT module"),
