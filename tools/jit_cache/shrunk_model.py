@@ -37,7 +37,7 @@ from tools.common.jsonfmt import review_json
 from tools.jit_cache.inventory import CHECKPOINT_FACT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
-FACTS = REPO / "jit_cache" / "checkpoint_facts.json"
+CHECKPOINT_VALUES_FILE = REPO / "jit_cache" / "checkpoint_facts.json"
 OUT_DIR = REPO / "jit_cache" / "h200_model"
 ARCH = "KimiK3ForConditionalGeneration"
 
@@ -61,7 +61,7 @@ WEIGHT_BUDGET_BYTES = 100 * 10**9
 BF16 = 2
 
 # Facts a config value is taken from; a null among them is a missing input, not a default.
-REQUIRED_FACTS = ("hidden_size", "num_attention_heads", "num_kv_heads_kda", "kda_head_dim",
+REQUIRED_CHECKPOINT_VALUES = ("hidden_size", "num_attention_heads", "num_kv_heads_kda", "kda_head_dim",
                   "kda_short_conv_kernel_size", "kda_use_full_rank_gate", "kda_gate_lower_bound",
                   "mla_kv_lora_rank", "mla_qk_rope_head_dim", "mla_qk_head_dim", "mla_v_head_dim",
                   "mla_q_lora_rank", "mla_use_output_gate", "num_experts", "num_experts_per_tok",
@@ -71,12 +71,12 @@ REQUIRED_FACTS = ("hidden_size", "num_attention_heads", "num_kv_heads_kda", "kda
                   "attn_res_block_size", "intermediate_size", "vocab_size", "num_hidden_layers")
 
 
-def load_facts(path: Path = FACTS) -> dict[str, Any]:
+def load_facts(path: Path = CHECKPOINT_VALUES_FILE) -> dict[str, Any]:
     """The Kimi-K3 facts' values, or a UserError naming the file and the null fact."""
     data = load_json_file(path, "checkpoint facts", CHECKPOINT_FACT_SCHEMA)
     facts = data["architectures"].get(ARCH, {}).get("facts", {})
     values = {name: fact["value"] for name, fact in facts.items()}
-    missing = [name for name in REQUIRED_FACTS if values.get(name) is None]
+    missing = [name for name in REQUIRED_CHECKPOINT_VALUES if values.get(name) is None]
     if missing:
         raise UserError(f"{path}: {ARCH} facts {', '.join(missing)} are null or absent; the shrunk model "
                         "takes each from there: give each a value with its source")
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tools.jit_cache.shrunk_model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["write", "check", "memory"])
-    parser.add_argument("--facts", type=Path, default=FACTS)
+    parser.add_argument("--facts", type=Path, default=CHECKPOINT_VALUES_FILE)
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     facts = load_facts(args.facts)
