@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with dir_replaced_atomically(args.out, "--out", tool=TOOL) as tmp:
         layers = built_layers(args.layer, args.env) if args.layer else None
         if args.trees_only:
-            layers = (None, [], {"config": {"Env": list(args.env)}})
+            layers = (None, [], {})  # install applies no env or links for an overlay
         manifest = write_bundle(args.layout, tmp, spec, trees, args.part_mib << 20, layers)
         manifest["overlay"] = args.trees_only
         (tmp / MANIFEST).write_bytes(review_json(manifest))

@@ -58,34 +58,42 @@ def log(message: str) -> None:
 
 
 class _Parts:
-    """The bundle's parts read as one stream, hashed as they are read."""
+    """The bundle's parts read as one stream (checked by check_parts first)."""
 
     def __init__(self, bundle: str, parts: list[dict]) -> None:
         self.bundle, self.parts = bundle, list(parts)
-        self.whole = hashlib.sha256()
         self._file = None
-        self._part_hash = None
-        self._expected = None
 
     def read(self, size: int = -1) -> bytes:
         while True:
             if self._file is None:
                 if not self.parts:
                     return b""
-                part = self.parts.pop(0)
-                path = os.path.join(self.bundle, part["file"])
-                if not os.path.isfile(path):
-                    raise SystemExit(f"error: {path}: missing; carry every part of the bundle first")
-                self._file, self._part_hash, self._expected = open(path, "rb"), hashlib.sha256(), part
+                self._file = open(os.path.join(self.bundle, self.parts.pop(0)["file"]), "rb")
             data = self._file.read(size if size and size > 0 else 1 << 20)
             if data:
-                self._part_hash.update(data)
-                self.whole.update(data)
                 return data
             self._file.close()
             self._file = None
-            if self._part_hash.hexdigest() != self._expected["sha256"]:
-                raise SystemExit(f"error: {self._expected['file']}: sha256 differs from manifest.json; carry it again")
+
+
+def check_parts(bundle: str, manifest: dict) -> None:
+    """Every part's sha256 and the whole stream's, before anything is unpacked: a part carried
+    wrong leaves no half tree."""
+    whole = hashlib.sha256()
+    for part in manifest["parts"]:
+        path = os.path.join(bundle, part["file"])
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {path}: missing; carry every part of the bundle first")
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+                whole.update(block)
+        if digest.hexdigest() != part["sha256"]:
+            raise SystemExit(f"error: {part['file']}: sha256 differs from manifest.json; carry it again")
+    if whole.hexdigest() != manifest["sha256"]:
+        raise SystemExit("error: the bundle's stream sha256 differs from manifest.json; write the bundle again")
 
 
 def host_site_packages() -> str:
@@ -96,17 +104,7 @@ def install(bundle: str, root: str = "/") -> int:
     with open(os.path.join(bundle, MANIFEST)) as f:
         manifest = json.load(f)
     started = time.time()
-    # Every part is checked before anything is unpacked: a part carried wrong leaves no half tree.
-    for part in manifest["parts"]:
-        path = os.path.join(bundle, part["file"])
-        if not os.path.isfile(path):
-            raise SystemExit(f"error: {path}: missing; carry every part of the bundle first")
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != part["sha256"]:
-            raise SystemExit(f"error: {part['file']}: sha256 differs from manifest.json; carry it again")
+    check_parts(bundle, manifest)
     stream = _Parts(bundle, manifest["parts"])
     count = kept = 0
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
@@ -120,8 +118,6 @@ def install(bundle: str, root: str = "/") -> int:
                 continue
             tar.extract(member, root, set_attrs=member.isreg() or member.isdir(), filter="fully_trusted")
             count += 1
-    if stream.whole.hexdigest() != manifest["sha256"]:
-        raise SystemExit("error: the bundle's stream sha256 differs from manifest.json; carry the parts again")
     log(f"kept {kept} of the host's own paths the bundle also has (outside the image's own trees)")
     log(f"unpacked {count} members of image {(manifest['image'] or 'not assembled')[:19]} in {time.time() - started:.0f}s")
     if root != "/" or manifest.get("overlay"):
