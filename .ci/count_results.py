@@ -9,6 +9,8 @@ before pytest started) counts as one failure, so nothing is lost.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import json
 import re
 import subprocess
 import sys
@@ -75,6 +77,84 @@ def slow_tests(targets: list[str], times: dict[str, float], limits: dict[str, tu
     return problems
 
 
+# `INFO: 327 processes: 221 internal, 26 local, 80 linux-sandbox.` (Bazel's count of the command's
+# spawns by the strategy that ran or answered each one; "disk cache hit" and "remote cache hit" too).
+PROCESSES_LINE = re.compile(r"^INFO: (\d+) process(?:es)?(?:: (.*?))?\.$")
+# Strategies that isolate nothing: an action run so may read what it does not declare.
+UNISOLATED = ("processwrapper-sandbox",)
+# Execution requirements that take an action out of the sandbox.
+EXEMPTING = ("no-sandbox", "local")
+
+
+def processes_by_strategy(log: Path) -> dict[str, int]:
+    """Bazel's last `INFO: N processes: ...` line of the log, as strategy -> count."""
+    found: dict[str, int] = {}
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        m = PROCESSES_LINE.match(line.strip())
+        if m:
+            found = {}
+            for part in (m.group(2) or "").split(", "):
+                count, _, strategy = part.partition(" ")
+                if count.isdigit():
+                    found[strategy] = int(count)
+    return found
+
+
+def load_exemptions(path: Path) -> list[dict]:
+    """The listed sandbox exemptions: [{"mnemonic", "label" (fnmatch), "why"}], each with a reason."""
+    entries = json.loads(path.read_text())["exemptions"]
+    for i, e in enumerate(entries):
+        if set(e) != {"mnemonic", "label", "why"} or not all(isinstance(e[k], str) and e[k] for k in e):
+            raise ValueError(f"{path}: exemption {i} needs exactly a non-empty mnemonic, label and why")
+    return entries
+
+
+def exempt_actions(aquery: dict) -> list[tuple[str, str, list[str]]]:
+    """(mnemonic, label, the exempting requirements) of each action of an aquery jsonproto output
+    whose execution info takes it out of the sandbox."""
+    labels = {t["id"]: t["label"] for t in aquery.get("targets", [])}
+    found = []
+    for a in aquery.get("actions", []):
+        info = {kv["key"] for kv in a.get("executionInfo", [])}
+        why = sorted(info & set(EXEMPTING))
+        if why:
+            found.append((a.get("mnemonic", "?"), labels.get(a.get("targetId"), "?"), why))
+    return found
+
+
+def unlisted_exemptions(actions: list[tuple[str, str, list[str]]], listed: list[dict]) -> list[str]:
+    """One line per exempt action that no listed exemption names (its mnemonic and label)."""
+    problems = []
+    for mnemonic, label, why in sorted(set((m, l, tuple(w)) for m, l, w in actions)):
+        if not any(e["mnemonic"] == mnemonic and fnmatch.fnmatchcase(label, e["label"]) for e in listed):
+            problems.append(f"{label}: action {mnemonic} runs unsandboxed ({', '.join(why)}) and .ci/sandbox_exemptions.json "
+                            "does not list it: let it run in linux-sandbox, or list it with the reason")
+    return problems
+
+
+def sandbox_problems(log: Path | None, patterns: list[str], exemptions: Path) -> list[str]:
+    """Prints the command's processes by strategy; returns one line per unisolated strategy used and
+    per unlisted exemption among the actions the patterns build (bazel aquery)."""
+    problems = []
+    if log is not None:
+        counts = processes_by_strategy(log)
+        print("processes by strategy: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none counted"))
+        for strategy in UNISOLATED:
+            if counts.get(strategy):
+                problems.append(f"{counts[strategy]} actions ran in {strategy}, which isolates nothing: every action "
+                                "runs in linux-sandbox (.bazelrc), or local with a listed exemption")
+    q = subprocess.run(["tools/bazel", "aquery", "--output=jsonproto", "--include_commandline=false",
+                        "--include_artifacts=false", f"deps(set({' '.join(patterns)}))"],
+                       capture_output=True, text=True)
+    if q.returncode != 0:
+        return problems + [f"bazel aquery of the test command's actions failed: {q.stderr.strip().splitlines()[-1:]}"]
+    return problems + unlisted_exemptions(exempt_actions(json.loads(q.stdout or "{}")), load_exemptions(exemptions))
+
+
 def written_by_pytest(suites: list[ET.Element]) -> bool:
     """Whether a JUnit report is pytest's (its suites are named "pytest"; the report Bazel writes
     for a test that wrote none has one suite named after the target and one case)."""
@@ -89,6 +169,9 @@ def main() -> int:
                     help="a target pattern of the test command (repeat for each)")
     ap.add_argument("--bazel-log", type=Path,
                     help="Bazel's output of the test command: each test's time is checked against its limit")
+    ap.add_argument("--sandbox-exemptions", type=Path,
+                    help="the listed sandbox exemptions: every action the patterns build runs in linux-sandbox or "
+                    "is listed there, and none ran in processwrapper-sandbox")
     args = ap.parse_args()
     # Exactly the targets `bazel test PATTERN...` runs: a wildcard skips `manual` targets (a target
     # named explicitly runs all the same), and .bazelrc's --test_tag_filters=-gpu drops GPU tests
@@ -139,6 +222,11 @@ def main() -> int:
         # a failure now, not a flake later. Fix it by giving the target the size its time needs
         # (or making the test cheaper), never by raising this share.
         for problem in slow_tests(targets, durations(args.bazel_log), test_limits(targets)):
+            print(problem)
+            failed += 1
+    if args.sandbox_exemptions is not None:
+        # Hermetic by enforcement: an action that is not sandboxed says why, in the list.
+        for problem in sandbox_problems(args.bazel_log, args.pattern, args.sandbox_exemptions):
             print(problem)
             failed += 1
     if args.bazel_rc != 0 and failed == 0:

@@ -4,7 +4,10 @@ idle machine cannot time out beside a build unnoticed)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
 
 from tests.cpu.conftest import env_path
 
@@ -84,6 +87,70 @@ def test_only_pytest_reports_count_for_pytest_targets() -> None:
     assert c.written_by_pytest(pytest_report.findall("testsuite"))
     assert not c.written_by_pytest(bazel_report.findall("testsuite"))
     assert not c.written_by_pytest([])
+
+# The summary line of a cold test command, as Bazel prints it.
+PROCESSES = "INFO: 368 processes: 253 internal, 88 linux-sandbox, 27 local.\n"
+
+
+def test_processes_by_strategy_come_from_the_last_count(tmp_path: Path) -> None:
+    log = tmp_path / "bazel.log"
+    log.write_text("INFO: 4 processes: 1 internal, 3 processwrapper-sandbox.\n" + SUMMARY + PROCESSES)
+    assert counter().processes_by_strategy(log) == {"internal": 253, "linux-sandbox": 88, "local": 27}
+    log.write_text("INFO: 1 process: 1 internal.\n")
+    assert counter().processes_by_strategy(log) == {"internal": 1}
+
+
+def test_processwrapper_actions_fail_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = counter()
+    log = tmp_path / "bazel.log"
+    log.write_text("INFO: 9 processes: 4 internal, 2 linux-sandbox, 3 processwrapper-sandbox.\n")
+    exemptions = tmp_path / "exemptions.json"
+    exemptions.write_text(json.dumps({"exemptions": []}))
+
+    class NoActions:
+        returncode, stdout, stderr = 0, "{}", ""
+
+    monkeypatch.setattr(c.subprocess, "run", lambda *a, **k: NoActions())
+    problems = c.sandbox_problems(log, ["//tests/cpu/..."], exemptions)
+    assert len(problems) == 1 and "3 actions ran in processwrapper-sandbox" in problems[0], problems
+    log.write_text(PROCESSES)
+    assert c.sandbox_problems(log, ["//tests/cpu/..."], exemptions) == []
+
+
+AQUERY = {
+    "targets": [{"id": 1, "label": "//image:layer_torch"}, {"id": 2, "label": "//tests/cpu/x:test_y"},
+                {"id": 3, "label": "//pkg:sandboxed"}],
+    "actions": [
+        {"targetId": 1, "mnemonic": "OciLayer", "executionInfo": [{"key": "no-sandbox"}, {"key": "no-remote"}]},
+        {"targetId": 2, "mnemonic": "TestRunner", "executionInfo": [{"key": "local"}]},
+        {"targetId": 3, "mnemonic": "Genrule", "executionInfo": [{"key": "no-remote"}]},
+        {"targetId": 3, "mnemonic": "Genrule"},
+    ],
+}
+
+
+def test_an_unlisted_exemption_fails_naming_the_action() -> None:
+    c = counter()
+    actions = c.exempt_actions(AQUERY)
+    assert sorted(actions) == [("OciLayer", "//image:layer_torch", ["no-sandbox"]),
+                               ("TestRunner", "//tests/cpu/x:test_y", ["local"])]
+    listed = [{"mnemonic": "OciLayer", "label": "//image:*", "why": "reads trees by lstat"}]
+    problems = c.unlisted_exemptions(actions, listed)
+    assert len(problems) == 1 and problems[0].startswith("//tests/cpu/x:test_y: action TestRunner runs unsandboxed (local)")
+    listed.append({"mnemonic": "TestRunner", "label": "//tests/cpu/x:test_y", "why": "needs root"})
+    assert c.unlisted_exemptions(actions, listed) == []
+
+
+def test_an_exemption_without_a_reason_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "exemptions.json"
+    f.write_text(json.dumps({"exemptions": [{"mnemonic": "OciLayer", "label": "//image:*", "why": ""}]}))
+    with pytest.raises(ValueError, match="exemption 0 needs exactly a non-empty mnemonic, label and why"):
+        counter().load_exemptions(f)
+
+
+def test_the_checked_in_exemptions_each_say_why() -> None:
+    listed = counter().load_exemptions(env_path("KIMI_CI_SANDBOX_EXEMPTIONS"))
+    assert listed and all(len(e["why"]) > 20 for e in listed)
 
 
 if __name__ == "__main__":

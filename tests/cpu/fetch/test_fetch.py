@@ -842,10 +842,11 @@ def run_on_full_disk(full: Path, argv: list[str], **env: str) -> tuple[subproces
     result and the files it left on that tmpfs (gone with the namespace)."""
     full.mkdir(parents=True, exist_ok=True)
     listing = full.parent / f"{full.name}.left"
-    # Under Bazel this runs chrooted, where / is no mount point and `unshare --propagation private`
-    # fails: the mount holding `full` is made private instead (in the new namespace only), so the
-    # tmpfs never propagates out of it.
-    script = ('top=$(findmnt -n -o TARGET -T "$0") && mount --make-rprivate "$top" && '
+    # The mount holding `full` is made private (in the new namespace only), so the tmpfs never
+    # propagates out of it; not / (`unshare --propagation private`), which is no mount point where the
+    # test runs chrooted. In Bazel's sandbox two mounts stack at /tmp (the launcher's bind of the
+    # host's, the sandbox's own above it): findmnt names the point once per mount.
+    script = ('top=$(findmnt -n -o TARGET -T "$0" | head -n 1) && mount --make-rprivate "$top" && '
               'mount -t tmpfs -o size=1m kimi-k3-full "$0" || exit 99; '
               '"$@"; rc=$?; find "$0" -type f | sort > "$0.left"; exit $rc')
     proc = subprocess.run(["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", script, str(full), *argv],

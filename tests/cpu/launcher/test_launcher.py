@@ -7,8 +7,8 @@ tiny Debian set of generated .debs. Stand-in interpreters answer the launcher's 
 3.9 or a broken script would. One test runs the real Bazel of the real sealed root on a tiny
 workspace (test_a_real_bazel_run_writes_no_credential; its own target, see BUILD.bazel).
 
-Needs root (chroot, mount namespaces). Under Bazel the tests run inside the sealed root, where
-the launcher runs chrooted into the host root the sealed root mounts at /run/kimi-k3-host.
+Needs root (mount namespaces, pivot_root). Under Bazel the tests run inside the sealed root (its
+own mount namespace, pivoted into it), and the launcher runs there with that root's tools.
 """
 from __future__ import annotations
 
@@ -41,10 +41,6 @@ from tools.common import credentials
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 LAUNCHER = REPO_ROOT / "tools" / "bazel"
-# Inside the sealed root (where Bazel runs this test) / is not a mount point, so the launcher's
-# `unshare --propagation private` cannot work there; the launcher then runs chrooted into the host
-# root that it mounts at this path (every path the test uses is the same in both roots).
-HOST_ROOT = Path("/run/kimi-k3-host")
 LAUNCHER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -80,7 +76,7 @@ def test_sealed_root_key_follows_the_bazel_root_set_entries(tmp_path: Path) -> N
 
 
 def copy_with_libs(exe: str, root: Path, dest: str) -> None:
-    """exe (and the shared libraries ldd names) into root, so it runs chrooted there."""
+    """exe (and the shared libraries ldd names) into root, so it runs there as its root."""
     (root / dest.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(os.path.realpath(exe), root / dest.lstrip("/"))
     ldd = subprocess.run(["ldd", exe], check=True, text=True, stdout=subprocess.PIPE).stdout
@@ -90,11 +86,11 @@ def copy_with_libs(exe: str, root: Path, dest: str) -> None:
         shutil.copy2(os.path.realpath(lib), target)
 
 
-def host_root_prefix() -> str:
-    """HOST_ROOT where this test runs inside the sealed root (the host's files are there), else ""."""
-    # A bind mount of the same file system: os.path.ismount cannot tell, mountinfo can.
-    in_sealed_root = any(line.split()[4] == str(HOST_ROOT) for line in open("/proc/self/mountinfo"))
-    return str(HOST_ROOT) if in_sealed_root else ""
+def kill_holders(roots: Path, key: str) -> None:
+    """End the launcher's namespace holders of roots/key (the outer and the sealed one)."""
+    for name in (f"{key}.mntns.pid", f"{key}.sealed.pid"):
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((roots / name).read_text()), signal.SIGKILL)
 
 
 class StandInRoot:
@@ -119,7 +115,10 @@ class StandInRoot:
         self.bazel_env, self.bazel_args = self.cache / "bazel.env", self.cache / "bazel.args"
         self.credentials_seen = base / "out" / "credentials.seen"
         self.fake_py = base / "py" / "bin" / "python3.11"
+        # The launcher's two namespace holders: the outer namespace (where it binds host paths under
+        # the root) and the sealed one (pivoted into the root, where Bazel runs).
         self.holder_pid_file = self.roots / f"{self.root.name}.mntns.pid"
+        self.sealed_pid_file = self.roots / f"{self.root.name}.sealed.pid"
         self.proc: subprocess.CompletedProcess | None = None
         self.cache.mkdir(parents=True)
         root, log = (self.root if provisioned else self.template), self.log
@@ -153,17 +152,16 @@ class StandInRoot:
             self.fake_py.chmod(0o755)
             python = str(self.fake_py)
         self.python = python
-        self.where = host_root_prefix()
         self.shims = base / "shims"
         self.shims.mkdir()
         for d in LAUNCHER_PATH.split(":"):
-            if not os.path.isdir(self.where + d):
+            if not os.path.isdir(d):
                 continue
-            for name in os.listdir(self.where + d):
+            for name in os.listdir(d):
                 real = os.path.join(d, name)
                 # sleep: the namespace holder runs `exec -a NAME sleep`, and a shim would lose NAME.
-                if name == "sleep" or (self.shims / name).exists() or not os.access(self.where + real, os.X_OK) \
-                        or os.path.isdir(self.where + real):
+                if name == "sleep" or (self.shims / name).exists() or not os.access(real, os.X_OK) \
+                        or os.path.isdir(real):
                     continue
                 (self.shims / name).write_text(f"#!/bin/sh\nprintf '%s ' \"$0\" \"$@\" >>{log}; echo >>{log}\n"
                                                f'exec {real} "$@"\n')
@@ -176,9 +174,6 @@ class StandInRoot:
                 "KIMI_K3_CACHE": str(self.cache), "KIMI_K3_BAZEL_OUTPUT_ROOT": str(self.out_root),
                 "KIMI_K3_PYTHON": self.python, **env}
         command = [str(self.launcher), "info", "release"]
-        if self.where:
-            command = [shutil.which("chroot") or "/usr/sbin/chroot", self.where, "/bin/sh", "-c", 'cd "$0" && exec "$@"',
-                       str(self.cache), *command]
         return command, {k: v for k, v in full.items() if v is not None}
 
     def run(self, env: dict[str, str | None], check: bool = True) -> subprocess.CompletedProcess:
@@ -189,8 +184,7 @@ class StandInRoot:
         return proc
 
     def start(self, env: dict[str, str | None], stderr: Path) -> subprocess.Popen:
-        """The launcher started in the background (its PID is the launcher's: chroot and sh exec
-        it), its stderr going to a file the test can read while it runs."""
+        """The launcher started in the background (its PID is the launcher's), its stderr going to a file the test can read while it runs."""
         command, full = self.command(env)
         with open(stderr, "w") as err:
             return subprocess.Popen(command, cwd=self.cache, env=full, stdout=subprocess.DEVNULL, stderr=err, text=True)
@@ -200,8 +194,7 @@ class StandInRoot:
         return self.roots / f"{self.root.name}.lock"
 
     def close(self) -> None:
-        if self.holder_pid_file.is_file():  # the launcher's namespace holder for this stand-in root
-            os.kill(int(self.holder_pid_file.read_text()), signal.SIGKILL)
+        kill_holders(self.roots, self.root.name)
 
     def binds(self) -> set[str]:
         """The host paths the launcher bound at their own path (from the logged `mount --rbind`s)."""
@@ -217,8 +210,8 @@ class StandInRoot:
         """path's text as the sealed root sees it now (through the holder's mount namespace), None
         when nothing is bound there (bound_itself=False: when it is not there, under a bound
         directory)."""
-        # Through nsenter, not /proc/PID/root: when this test runs in the sealed root, the holder is
-        # chrooted into HOST_ROOT while the launcher mounts relative to its namespace's own root.
+        # In the outer namespace, where the launcher binds (the sealed one receives each bind; the
+        # stand-in root has no cat or mountpoint to look with).
         pid = self.holder_pid_file.read_text().strip()
         proc = subprocess.run([shutil.which("nsenter") or "/usr/bin/nsenter", "--mount", "--target", pid,
                                "sh", "-c", ('mountpoint -q "$0" && ' if bound_itself else "") + 'cat "$0"',
@@ -361,7 +354,7 @@ def test_bazel_launcher_refuses_an_interpreter_with_a_system_prefix(tmp_path: Pa
 
 def test_bazel_launcher_keeps_secrets_off_command_lines(tmp_path: Path) -> None:
     """tools/bazel passes KIMI_K3_*/PIP_* values into the sealed root through the environment of
-    its nsenter/bash/chroot/env chain, never as arguments: /proc/PID/cmdline is world-readable.
+    its nsenter/bash/nsenter/env chain, never as arguments: /proc/PID/cmdline is world-readable.
     The secrets must reach the stand-in root's bazel (the URL's password through the credentials
     file) and appear in no argv.
     """
@@ -448,7 +441,7 @@ def test_bazel_launcher_binds_what_the_pip_configuration_names(tmp_path: Path) -
     for proc in (base.proc, run.proc):
         assert secret not in proc.stdout + proc.stderr
     assert conf.stat().st_mtime == 1_000_000_000
-    etc_pip_conf = Path(host_root_prefix() + "/etc/pip.conf")
+    etc_pip_conf = Path("/etc/pip.conf")
     named = etc_pip_conf.read_text() if etc_pip_conf.is_file() else ""
     for old in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip"):
         if not re.search(re.escape(old) + r"(?![\w-])", named):
@@ -462,9 +455,8 @@ def test_bazel_launcher_follows_pip_config_edits_and_removal(tmp_path: Path) -> 
 
     The file lies outside every directory the launcher binds (not under /tmp): there the kernel
     itself drops a bind whose source is renamed over, so only such a file tests the launcher."""
-    where = host_root_prefix()
-    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-pipconf-", dir=where + "/var/tmp"))
-    conf = Path(str(outside / "pip.conf")[len(where):])  # the path as the launcher (host root) sees it
+    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-pipconf-", dir="/var/tmp"))
+    conf = outside / "pip.conf"
     (outside / "pip.conf").write_text("[global]\ntimeout = 1\n")
     env = {"HOME": str(tmp_path / "home"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg"), "PIP_CONFIG_FILE": str(conf)}
     stand_in = StandInRoot(tmp_path / "stand-in", os.path.realpath(sys.executable))
@@ -488,9 +480,8 @@ def test_bazel_launcher_binds_a_directory_made_again_at_the_same_path(tmp_path: 
     """A bound directory removed and made again at its path (a checkout cloned anew, a mirror
     filled anew) is another inode: the long-lived namespace must bind the new one, not keep
     showing the deleted one (Bazel then failed with `getcwd() failed`). Outside /tmp, as above."""
-    where = host_root_prefix()
-    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-mirror-", dir=where + "/var/tmp"))
-    mirror = Path(str(outside)[len(where):])  # the path as the launcher (host root) sees it
+    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-mirror-", dir="/var/tmp"))
+    mirror = outside
     (outside / "old.whl").write_text("old\n")
     env = {"KIMI_K3_MIRROR": str(mirror)}
     stand_in = StandInRoot(tmp_path / "stand-in")
@@ -764,25 +755,23 @@ def test_venv_build_takes_pip_credentials_from_the_private_file(tmp_path: Path,
     assert proxy_secret not in proc.stdout + proc.stderr and index_secret not in proc.stdout + proc.stderr
 
 
-def find_real_sealed_root() -> Path:
-    """The sealed root this checkout's launcher uses, as a host path. Inside it (under Bazel), / is
-    that root: found among the host root's mount points (its binds show below it) by identity."""
+def against_real_sealed_root(roots: Path, command: list[str]) -> list[str]:
+    """command, run so that roots/KEY is the real sealed root this checkout's launcher uses. By hand
+    on the host, roots/KEY links to that root's directory. Under Bazel this test runs inside that
+    root (/ is it): / is bound (without what is mounted on it) at roots/KEY in a mount namespace of
+    the command's own, leaving the namespace of the Bazel server running this test untouched."""
     key = sealed_root_key()
-    where = host_root_prefix()
-    if not where:
-        parent = os.environ.get("KIMI_K3_SEALED_ROOT_DIR") or \
-            os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kimi-k3-bazel-root")
-        root = Path(parent) / key
-        if (root / ".kimi-k3-complete").is_file():
-            return root
+    if Path("/.kimi-k3-complete").is_file():
+        (roots / key).mkdir()
+        return [shutil.which("unshare") or "/usr/bin/unshare", "--mount", "--propagation", "private",
+                "sh", "-c", 'mount --bind / "$0" && exec "$@"', str(roots / key), *command]
+    parent = os.environ.get("KIMI_K3_SEALED_ROOT_DIR") or \
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kimi-k3-bazel-root")
+    root = Path(parent) / key
+    if not (root / ".kimi-k3-complete").is_file():
         pytest.fail(f"no provisioned sealed root at {root}: run tools/bazel once first")
-    me = os.stat("/")
-    for line in open("/proc/self/mountinfo"):
-        point = line.split()[4]
-        m = re.match(rf"{re.escape(where)}(/.*/{key})(/|$)", point)
-        if m and os.path.samestat(os.stat(where + m.group(1)), me):
-            return Path(m.group(1))
-    pytest.fail(f"cannot tell where this sealed root ({key}) lies on the host")
+    (roots / key).symlink_to(root)
+    return command
 
 
 def test_a_real_bazel_run_writes_no_credential(tmp_path: Path, auth_proxy_secrets: tuple[str, str]) -> None:
@@ -804,7 +793,6 @@ def test_a_real_bazel_run_writes_no_credential(tmp_path: Path, auth_proxy_secret
     shutil.copytree(REPO_ROOT / "third_party" / "bazel_offline", ws / "third_party" / "bazel_offline")
     for f in (".bazelversion", ".bazelrc", "third_party/debian.lock.json"):
         shutil.copy(REPO_ROOT / f, ws / f)
-    (roots / sealed_root_key()).symlink_to(find_real_sealed_root())
     (ws / "MODULE.bazel").write_text(
         'module(name = "launcher_secrets_test")\n'
         'bazel_dep(name = "rules_python", version = "0.22.1")\n'
@@ -825,18 +813,13 @@ def test_a_real_bazel_run_writes_no_credential(tmp_path: Path, auth_proxy_secret
            "KIMI_K3_PYTHON": python, "PIP_CONFIG_FILE": str(index.pip_conf(tmp_path / "pip.conf")),
            "PIP_INDEX_URL": index.index_url, "http_proxy": index.proxy_url, "https_proxy": index.proxy_url,
            "KIMI_K3_REGISTRY_USERNAME": "alice", "KIMI_K3_REGISTRY_PASSWORD": registry_secret}
-    command = [str(ws / "tools" / "bazel"), "--batch", "build", "--nobuild", "@tiny_python//:python_path.txt",
-               "@pins//:tiny"]
-    where = host_root_prefix()
-    if where:
-        command = ["chroot", where, "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(ws), *command]
+    command = against_real_sealed_root(roots, [str(ws / "tools" / "bazel"), "--batch", "build", "--nobuild",
+                                               "@tiny_python//:python_path.txt", "@pins//:tiny"])
     try:
         proc = subprocess.run(command, cwd=ws, env=env, capture_output=True, text=True, timeout=600)
     finally:
         index.proxy.shutdown()
-        holder = roots / f"{sealed_root_key()}.mntns.pid"
-        if holder.is_file():
-            os.kill(int(holder.read_text()), signal.SIGKILL)
+        kill_holders(roots, sealed_root_key())
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert index.statuses() == {("pypi.invalid", "/simple/kimi-tinypkg/"): 200,
                                 ("pypi.invalid", f"/files/{TinyIndex.WHEEL}"): 200,
@@ -1103,13 +1086,13 @@ def test_namespace_holder_keeps_no_descriptor_of_the_run(tmp_path: Path) -> None
         assert proc.returncode == 0, proc.stderr
         readable = select.select([read_end], [], [], 10)[0]
         got_eof = bool(readable) and os.read(read_end, 1) == b""
-        pid = stand_in.holder_pid_file.read_text().strip()
-        fds = sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+        fds = {f.name: sorted(int(fd) for fd in os.listdir(f"/proc/{f.read_text().strip()}/fd"))
+               for f in (stand_in.holder_pid_file, stand_in.sealed_pid_file)}
     finally:
         os.close(read_end)
         stand_in.close()
-    assert got_eof, "the namespace holder keeps the caller's pipe open"
-    assert fds == [0, 1, 2], fds
+    assert got_eof, "a namespace holder keeps the caller's pipe open"
+    assert fds == {stand_in.holder_pid_file.name: [0, 1, 2], stand_in.sealed_pid_file.name: [0, 1, 2]}, fds
 
 if __name__ == "__main__":
     # Arguments select tests (BUILD.bazel's targets, --test_arg=-k --test_arg=NAME).

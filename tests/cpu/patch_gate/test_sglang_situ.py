@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -121,9 +122,12 @@ def tree_digest(tree: Path) -> dict[str, str]:
 
 
 def run_harness(tree: Path, out: Path, *extra: str) -> dict[str, Any]:
+    # FlashInfer's import writes its JIT log under FLASHINFER_WORKSPACE_BASE (default: HOME, which
+    # the sandbox keeps read-only): the test's own directory instead.
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(out.parent)}
     proc = subprocess.run(
         [sys.executable, str(HARNESS), "--tree", str(tree), "--out", str(out), *extra],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env=env,
     )
     assert proc.returncode == 0, f"harness crashed on {tree}:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(out.read_text())
