@@ -51,6 +51,22 @@ SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # host's libraries where both have one (the host's glibc is the newer; glibc keeps old symbols).
 IMAGE_OWNED = ("usr/lib/python3.11/", "usr/local/lib/python3.11/", "usr/share/kimi-k3/", "opt/kimi-k3/")
 IMAGE_OWNED_FILES = ("usr/bin/python3.11", "usr/local/bin/kimi-k3-entrypoint")
+# Triton compiles its driver module (cuda_utils) at its first launch unless its cache holds it, and
+# the image has no Python.h to compile it with: it ships the module in its Triton tree.
+TRITON_DIR = "usr/share/kimi-k3/triton"
+PYTHON_HEADER = "usr/include/python3.11/Python.h"
+
+
+def triton_driver_problem(root: str = "/") -> str | None:
+    """One line when a server on this root could not start Triton: no driver module shipped in the
+    image's Triton tree and no Python.h to build one (a bundle made without the Triton layer)."""
+    if glob.glob(os.path.join(root, TRITON_DIR, "*", "cuda_utils*.so")):
+        return None
+    if os.path.exists(os.path.join(root, PYTHON_HEADER)):
+        return None
+    return (f"{os.path.join(root, TRITON_DIR)} holds no Triton driver module (cuda_utils) and the image has no "
+            "Python.h to build one: the server would fail at its first Triton launch. Make the bundle with "
+            f"--tree /{TRITON_DIR}=bazel-bin/jit_cache/triton_driver_12_0 (any arch: the module is the driver's)")
 
 
 def log(message: str) -> None:
@@ -180,7 +196,30 @@ def hide_compilers(env: dict[str, str]) -> list[str]:
     return moved
 
 
+def wait_for_workload(server: subprocess.Popen, workload: subprocess.Popen, limit: float) -> str | None:
+    """Wait for the workload; None when it finished. A server that exits first (before ready, or
+    during the workload) ends the workload at once, as does `limit` seconds: the workload would
+    otherwise poll a closed port until its --wait-ready ran out, GPU time for nothing."""
+    deadline = time.time() + limit
+    while workload.poll() is None:
+        if server.poll() is not None or time.time() > deadline:
+            workload.terminate()
+            try:
+                workload.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                workload.kill()
+                workload.wait()
+            return (f"the server exited ({server.returncode}) before the workload finished" if server.poll() is not None
+                    else f"the workload ran past {limit:.0f} s")
+        time.sleep(0.5)
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
+    problem = triton_driver_problem()
+    if problem:
+        print(f"server_host: error: {problem}", file=sys.stderr)
+        return 2
     with open(os.path.join(SHIM_DIR, "..", "image-env.json")) as f:
         image_env = json.load(f)
     out = os.path.abspath(args.out)
@@ -219,10 +258,12 @@ def serve(args: argparse.Namespace) -> int:
     with open(os.path.join(out, "server.log"), "w") as server_log:
         server = subprocess.Popen(command, env=env, stdout=server_log, stderr=subprocess.STDOUT,
                                   start_new_session=True, cwd=out)
-        workload = subprocess.run(
+        workload = subprocess.Popen(
             [sys.executable, args.workload_runner, "--workload", args.workload, "--url", f"http://127.0.0.1:{args.port}",
-             "--wait-ready", str(args.timeout), "--out", os.path.join(out, "workload.json")],
-            timeout=args.timeout + 120)
+             "--wait-ready", str(args.timeout), "--out", os.path.join(out, "workload.json")])
+        ended = wait_for_workload(server, workload, args.timeout + 120)
+        if ended:
+            log(ended)
         server_code = server.poll()
         if server_code is None:
             os.killpg(server.pid, signal.SIGTERM)

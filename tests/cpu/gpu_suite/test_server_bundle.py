@@ -122,5 +122,46 @@ def test_trees_only_without_a_tree_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_serve_refuses_a_root_without_the_triton_driver_module(tmp_path):
+    """The first record run on a GPU host (an H100) failed this way after 6 minutes: the bundle
+    left out the Triton layer, so Triton compiled cuda_utils at its first launch and found no
+    Python.h. serve now says so before starting anything."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    problem = host.triton_driver_problem(str(tmp_path))
+    assert problem and "holds no Triton driver module (cuda_utils)" in problem and "triton_driver_12_0" in problem
+    module = tmp_path / "usr/share/kimi-k3/triton/0123abcd/cuda_utils.cpython-311-x86_64-linux-gnu.so"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(b"\x7fELF")
+    assert host.triton_driver_problem(str(tmp_path)) is None
+    module.unlink()
+    header = tmp_path / "usr/include/python3.11/Python.h"
+    header.parent.mkdir(parents=True)
+    header.write_text("")
+    assert host.triton_driver_problem(str(tmp_path)) is None
+
+
+def test_a_server_that_dies_ends_the_workload_at_once():
+    """The same run then waited 398 s for a server that had died 40 s after its start."""
+    import importlib.util
+    import time
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    server = subprocess.Popen(["sleep", "0.5"])
+    workload = subprocess.Popen(["sleep", "60"])
+    started = time.time()
+    assert "the server exited (0) before the workload finished" == host.wait_for_workload(server, workload, 60)
+    assert time.time() - started < 15 and workload.returncode is not None
+    server = subprocess.Popen(["sleep", "60"])
+    try:
+        assert host.wait_for_workload(server, subprocess.Popen(["true"]), 60) is None
+        assert host.wait_for_workload(server, subprocess.Popen(["sleep", "60"]), 1) == "the workload ran past 1 s"
+    finally:
+        server.kill()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
