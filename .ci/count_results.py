@@ -48,14 +48,18 @@ def limits_of_query_xml(text: str) -> dict[str, tuple[int, str]]:
     return limits
 
 
+def log_lines(log: Path) -> list[str]:
+    """The lines of Bazel's output, none when the log cannot be read."""
+    try:
+        return log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
 def durations(log: Path) -> dict[str, float]:
     """target -> seconds, from the test summary of Bazel's output (cached results keep their time)."""
     found = {}
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return found
-    for line in lines:
+    for line in log_lines(log):
         m = SUMMARY_LINE.match(line.strip())
         if m:
             found[m.group(1)] = float(m.group(2))
@@ -89,11 +93,7 @@ EXEMPTING = ("no-sandbox", "local")
 def processes_by_strategy(log: Path) -> dict[str, int]:
     """Bazel's last `INFO: N processes: ...` line of the log, as strategy -> count."""
     found: dict[str, int] = {}
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return found
-    for line in lines:
+    for line in log_lines(log):
         m = PROCESSES_LINE.match(line.strip())
         if m:
             found = {}
