@@ -15,9 +15,13 @@ fact undeclared_readable 'test -r "$execroot/$(dirname "$declared")/undeclared.t
 # sandbox makes everything but its outputs read-only.
 src=$(readlink -f "$declared")
 fact source_tree_writable 'touch "$(dirname "$src")/.kimi-k3-sandbox-probe" && rm -f "$(dirname "$src")/.kimi-k3-sandbox-probe"'
-# /tmp is the action's own (--incompatible_sandbox_hermetic_tmp): empty at its start. (The host's,
-# which the launcher binds into the sealed root, holds at least .ci/run's log.)
-fact tmp_empty 'test -z "$(ls -A /tmp)"'
+# /tmp is the action's own (--incompatible_sandbox_hermetic_tmp): at its start it holds nothing but
+# the way to the source tree when that lies under /tmp (a checkout cloned into mktemp -d, which
+# Bazel binds in so the inputs resolve). The host's, which the launcher binds into the sealed
+# root, holds more: at least .ci/run's log.
+source_under_tmp=
+case $src in /tmp/*) source_under_tmp=${src#/tmp/}; source_under_tmp=${source_under_tmp%%/*} ;; esac
+fact tmp_own 'test -z "$(ls -A /tmp | grep -vxF -- "$source_under_tmp")"'
 # The launcher's sealed root is the action's / (pivot_root), and the host's root is nowhere.
 fact root_is_sealed_root 'test -e /.kimi-k3-complete'
 fact host_root_mounted 'test -e /run/kimi-k3-host/etc || test -e /run/kimi-k3-old-root/etc'

@@ -42,7 +42,7 @@ def test_an_action_cannot_write_to_the_source_tree() -> None:
 
 
 def test_an_action_has_a_tmp_of_its_own() -> None:
-    assert probe()["tmp_empty"] == "yes"
+    assert probe()["tmp_own"] == "yes"
 
 
 def test_an_action_runs_in_the_sealed_root_without_the_host_root() -> None:
