@@ -168,14 +168,28 @@ def install(bundle: str, root: str = "/") -> int:
             os.makedirs(libcuda_dir, exist_ok=True)
             os.symlink(found[0], os.path.join(libcuda_dir, "libcuda.so.1"))
             log(f"linked {libcuda_dir}/libcuda.so.1 -> {found[0]}")
-    os.makedirs(SHIM_DIR, exist_ok=True)
-    for name in ("python3", "python3.11", "python"):
-        link = os.path.join(SHIM_DIR, name)
-        if not os.path.lexists(link):
-            os.symlink(IMAGE_PYTHON, link)
+    write_shims(SHIM_DIR)
     with open(os.path.join(SHIM_DIR, "..", "image-env.json"), "w") as f:
         json.dump(env, f)
     return 0
+
+
+def write_shims(shim_dir: str) -> None:
+    """The directory put first on the server's PATH: the image's python under its usual names, and
+    a `file` that fails as the image's missing file(1) does. Triton keys its driver module on
+    platform.architecture(), which asks file(1) about the interpreter: a host's file(1) adds "ELF"
+    to the key, the prebuilt module misses, and Triton compiles it with a C compiler the image lacks
+    (seen on the first H100 record run that shipped the module)."""
+    os.makedirs(shim_dir, exist_ok=True)
+    for name in ("python3", "python3.11", "python"):
+        link = os.path.join(shim_dir, name)
+        if not os.path.lexists(link):
+            os.symlink(IMAGE_PYTHON, link)
+    no_file = os.path.join(shim_dir, "file")
+    with open(no_file + ".tmp", "w") as f:
+        f.write("#!/bin/sh\n# the image has no file(1): see tools/gpu_suite/server_host.py write_shims\nexit 1\n")
+    os.chmod(no_file + ".tmp", 0o755)
+    os.replace(no_file + ".tmp", no_file)
 
 
 def hide_compilers(env: dict[str, str]) -> list[str]:

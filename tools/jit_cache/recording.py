@@ -180,12 +180,17 @@ def load_records(records: Path) -> list[tuple[Path, dict[str, Any]]]:
     return loaded
 
 
+# Variables a server sets afresh at each launch: SGLang's run id holds the launch time. A recording
+# keeps their names and drops the values, so that two runs of one image give the same bytes.
+PER_RUN_ENV = {"SGLANG_RUN_ID": "<set per run>"}
+
+
 def merged_env(loaded: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
     """Each variable's value, or the sorted list of its values where processes differ."""
     values: dict[str, set[str]] = {}
     for _, record in loaded:
         for name, value in record["env"].items():
-            values.setdefault(name, set()).add(value)
+            values.setdefault(name, set()).add(PER_RUN_ENV.get(name, value))
     return {name: (next(iter(v)) if len(v) == 1 else sorted(v)) for name, v in sorted(values.items())}
 
 

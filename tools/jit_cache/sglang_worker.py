@@ -43,6 +43,7 @@ import re
 import stat
 import sys
 import traceback
+import types
 
 # What a dependency may be anchored to and still be found in the image (SGLang's anchor tokens).
 IMAGE_ANCHORS = ("kernels", "tvm_ffi", "pkg:flashinfer", "pkg:deep_gemm", "pkg:nvidia", "sitepkgs")
@@ -58,6 +59,8 @@ def fake_device(capability, name):
     torch.cuda.current_device = lambda: 0
     torch.cuda.get_device_capability = lambda device=None: (major, minor)
     torch.cuda.get_device_name = lambda device=None: name
+    # sgl_kernel picks its ops library by the properties' capability at import (layernorm imports it)
+    torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(major=major, minor=minor, name=name)
 
 
 def key_as_runtime(runtime):

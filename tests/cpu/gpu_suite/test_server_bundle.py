@@ -163,5 +163,25 @@ def test_a_server_that_dies_ends_the_workload_at_once():
         server.kill()
 
 
+def test_the_servers_path_has_no_file_command_as_the_image_has_none(tmp_path):
+    """Triton keys its driver module on platform.architecture(), which asks file(1); with the GPU
+    host's file(1) on PATH the prebuilt module missed and Triton compiled it (no Python.h)."""
+    import importlib.util
+    import os
+    import shutil
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    shims = tmp_path / "bin"
+    host.write_shims(str(shims))
+    host.write_shims(str(shims))  # a second install keeps what the first wrote
+    assert shutil.which("file", path=str(shims)) == str(shims / "file")
+    assert os.readlink(shims / "python3") == host.IMAGE_PYTHON
+    probe = "import platform, sys; print(platform.architecture(sys.executable)[1] or 'none')"
+    env = {**os.environ, "PATH": f"{shims}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "none"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -472,10 +472,13 @@ def test_ready_splits_the_phases_and_a_warm_cache_is_a_hit(triton_tree: Path, fi
     assert {e["cache_hit"] for e in entries(only_record(warm), "triton", "add_one")} == {True}
 
 
-def test_merge_is_canonical_and_one_entry_per_compile(triton_tree: Path, fixtures: Path, tmp_path: Path) -> None:
+def test_merge_is_canonical_and_one_entry_per_compile(triton_tree: Path, fixtures: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     cache, record = tmp_path / "triton", tmp_path / "record"
-    # Two processes of one run (two ranks): the second hits what the first compiled.
-    for _ in range(2):
+    # Two processes of one run (two ranks): the second hits what the first compiled. SGLang sets
+    # its run id (the launch time) in each server's environment, so the processes differ in it.
+    for launched in ("1796496797.4659545", "1796496801.0201"):
+        monkeypatch.setenv("SGLANG_RUN_ID", f"sglang-run-{launched}-37706419")
         done = run(triton_tree, fixtures, cache, ["add_one:128", "scale:100", "ready"], record=record, root="4242")
         assert done.returncode == 0, done.stderr
     assert len(list(record.glob("*.json"))) == 2
@@ -493,6 +496,7 @@ def test_merge_is_canonical_and_one_entry_per_compile(triton_tree: Path, fixture
     assert merged["workload"] == META["workload"]
     text = first.read_text()
     assert "4242" not in text and '"pid"' not in text
+    assert merged["recorded_on"]["env"]["SGLANG_RUN_ID"] == "<set per run>" and "sglang-run-" not in text
     order = [(e["kind"], e.get("kernel"), e.get("key") or e.get("cache_key")) for e in merged["entries"]]
     assert order == sorted(order)
 

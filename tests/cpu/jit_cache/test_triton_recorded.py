@@ -277,12 +277,25 @@ def test_other_kinds_are_checked_against_the_builds_that_ship_them(tmp_path):
         {"modules": [{"module": "norm_a", "build_key": "k1"}]}))
     entries = [{"kind": "sglang-jit", "module": "norm_a", "build_key": "k1", "phase": "before_ready"},
                {"kind": "sglang-jit", "module": "rope_b", "build_key": "k2", "phase": "after_ready",
-                "call": {"call": "sglang.jit.rope:_jit_rope_module", "args": {"dtype": "bfloat16"}}}]
+                "call": {"call": "sglang.jit.rope:_jit_rope_module", "args": {"dtype": "torch.bfloat16", "width": 64}}}]
     verdicts, failures = triton_recorded.check_sglang_jit(entries, tmp_path / "sglang", "pypi")
     assert verdicts == [{"module": "norm_a", "build_key": "k1", "prebuilt": True}]
     assert failures == ['sglang-jit module rope_b: not in the SGLang JIT build; add to jit_cache/sglang_modules.json '
-                        'stacks.pypi: {"args": {"dtype": "bfloat16"}, "call": "sglang.jit.rope:_jit_rope_module", '
+                        'stacks.pypi: {"args": [{"dtype": "bfloat16"}, 64], "call": "sglang.jit.rope:_jit_rope_module", '
                         '"why": "recorded at first use"}']
+    # A record run keys with its own compilers (SGLang's build key holds their --version), the
+    # build with the image's none: the module is matched by its arguments, not by a key it cannot have.
+    (tmp_path / "sglang" / "kimi-k3-sglang-jit.json").write_text(json.dumps(
+        {"modules": [{"module": "norm_a", "build_key": "k1", "module_args": ["norm", "true"]}]}))
+    recorded = {"kind": "sglang-jit", "module": "norm_a", "build_key": "host", "phase": "before_ready",
+                "call": {"module_args": ["norm", "true"]}}
+    verdicts, failures = triton_recorded.check_sglang_jit([recorded], tmp_path / "sglang", "pypi")
+    assert failures == [] and verdicts[0]["prebuilt"] is True and verdicts[0]["recorded_build_key"] == "host"
+    other = {**recorded, "call": {"module_args": ["norm", "false"]}}
+    verdicts, failures = triton_recorded.check_sglang_jit([other], tmp_path / "sglang", "pypi")
+    assert verdicts == [] and failures == [
+        "sglang-jit module norm_a: recorded build_key host with module arguments ['norm', 'false'], the build has k1 "
+        "with [['norm', 'true']]: rebuild jit_cache/sglang_modules.json's entry with the recorded call and arguments"]
     plan = tmp_path / "plan_90a_x.pypi.bzl"
     plan.write_text('KERNEL_CACHE_PLAN = {"schema_version": 1, "selection": "gpu-test-sm90", "modules": ["norm"]}\n')
     verdicts, failures = triton_recorded.check_flashinfer(
