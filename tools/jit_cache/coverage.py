@@ -62,7 +62,9 @@ def _prebuilt_in_manifest(entry: Mapping[str, Any], manifest: Mapping[str, Any])
         return any(a["key"] == key or (hex_key(key or "") and a["key"] == cache_dir_name(hex_key(key)))
                    for a in manifest.get("autotune", []))
     if kind == "sglang-jit":
-        return any(v["module"] == entry["module"] and v["build_key"] == entry["build_key"]
+        # the build's verdict: the recorded key, or (a record run's compilers in the key) the
+        # module's arguments matched
+        return any(v["module"] == entry["module"] and entry["build_key"] in (v["build_key"], v.get("recorded_build_key"))
                    for v in manifest.get("sglang_jit", []))
     if kind == "flashinfer":
         return any(v["module"] == entry["module"] for v in manifest.get("flashinfer", []))

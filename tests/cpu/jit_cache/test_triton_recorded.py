@@ -316,20 +316,27 @@ def test_coverage_maps_recorded_sites_to_the_inventory(tmp_path, capsys):
         {"kind": "triton", "kernel": "sglang.ops.new:other_kernel", "key": "B" * 52, "phase": "after_ready",
          "key_parts": None, "specialization": None},
         {"kind": "flashinfer", "module": "norm", "phase": "before_ready"},
-        {"kind": "inductor", "graph": "g0", "key": "x", "phase": "after_ready"}]}
+        {"kind": "inductor", "graph": "g0", "key": "x", "phase": "after_ready"},
+        # keyed by the record run's compilers, matched by arguments in the build; and one not built
+        {"kind": "sglang-jit", "module": "m_add", "build_key": "host-key", "phase": "before_ready"},
+        {"kind": "sglang-jit", "module": "m_gate", "build_key": "k9", "phase": "after_ready"}]}
     sites = {"triton:sglang/ops/k.py:fwd_kernel": {"kind": "triton", "file": "sglang/ops/k.py", "name": "fwd_kernel"},
              "triton:sglang/ops/k.py:bwd_kernel": {"kind": "triton", "file": "sglang/ops/k.py", "name": "bwd_kernel"},
              "flashinfer:kernel_cache:norm": {"kind": "flashinfer", "file": "image/backend_needs.json", "name": "norm",
                                               "status": "prebuilt"}}
     (tmp_path / "rec.json").write_text(json.dumps(recording))
     (tmp_path / "inv.json").write_text(json.dumps({"sites": sites}))
-    (tmp_path / "kimi-k3-triton.json").write_text(json.dumps({"entries": {key: {}}, "flashinfer": [{"module": "norm"}]}))
+    (tmp_path / "kimi-k3-triton.json").write_text(json.dumps({
+        "entries": {key: {}}, "flashinfer": [{"module": "norm"}],
+        "sglang_jit": [{"module": "m_add", "build_key": "image-key", "recorded_build_key": "host-key"},
+                       {"module": "m_gate", "build_key": "k1"}]}))
     rows = {r["kind"]: r for r in coverage.coverage(recording, {"sites": sites},
                                                     json.loads((tmp_path / "kimi-k3-triton.json").read_text()))}
     assert (rows["triton"]["prebuilt"], rows["triton"]["entries"], rows["triton"]["in_inventory"]) == (1, 2, 1)
     assert rows["triton"]["static_only"] == ["triton:sglang/ops/k.py:bwd_kernel"]
     assert rows["triton"]["not_in_inventory"] == ["triton:sglang/ops/new.py:other_kernel"]
     assert (rows["flashinfer"]["prebuilt"], rows["inductor"]["entries"], rows["inductor"]["sites"]) == (1, 1, 0)
+    assert (rows["sglang-jit"]["prebuilt"], rows["sglang-jit"]["entries"]) == (1, 2)
     assert cli.main(["coverage", "--recording", str(tmp_path / "rec.json"), "--inventory", str(tmp_path / "inv.json"),
                      "--cache-manifest", str(tmp_path)]) == 0
     out = capsys.readouterr().out
