@@ -71,7 +71,9 @@ def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     proc = subprocess.run([str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={spdx}",
                            "-o", f"cyclonedx-json={cyclonedx}"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        # -q leaves syft's own failure on stdout or stderr, or on neither (seen under memory pressure)
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        last = f"exit {proc.returncode}" + (f": {said[-1]}" if said else " with no message")
         raise UserError(f"--layout {layout}: syft could not scan it: {last}; pass an OCI layout from //image:image")
     return json.loads(spdx.read_text()), json.loads(cyclonedx.read_text())
 
