@@ -40,9 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         procs = cluster.processes(r.pid)
         print(f"rbe: up: grpc://127.0.0.1:{r.port}, instance {r.instance}, {r.workers} workers, "
-              f"{len(procs)} processes, RSS {sum(p[2] for p in procs) / 1024:.0f} MB", file=sys.stderr)
-        for pid, name, rss in procs:
-            print(f"{pid}\t{name}\t{rss / 1024:.1f} MB")
+              f"{len(procs)} processes, PSS {sum(p[3] for p in procs) / 1024:.0f} MB "
+              f"(RSS summed {sum(p[2] for p in procs) / 1024:.0f} MB)", file=sys.stderr)
+        print("pid\tprocess\tRSS MB\tPSS MB")
+        for pid, name, rss, pss in procs:
+            print(f"{pid}\t{name}\t{rss / 1024:.1f}\t{pss / 1024:.1f}")
     elif args.command == "config":
         sys.stdout.write(config.bgd_config(cluster.layout(), args.port, args.instance))
     return 0

@@ -219,8 +219,9 @@ def down() -> str:
     return f"cluster stopped (127.0.0.1:{r.port})" + ("" if clean else f"; it did not stop within {DOWN_TIMEOUT_S:.0f} s and was killed")
 
 
-def processes(pid: int) -> list[tuple[int, str, int]]:
-    """(pid, name, RSS in kB) of every process below `pid`, the host's view."""
+def processes(pid: int) -> list[tuple[int, str, int, int]]:
+    """(pid, name, RSS, PSS in kB) of every process below `pid`, the host's view. PSS shares each
+    shared page among its users: PostgreSQL's shared buffers count once in the sum, not per backend."""
     out = []
     todo = [pid]
     while todo:
@@ -232,6 +233,11 @@ def processes(pid: int) -> list[tuple[int, str, int]]:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         rss = int(fields.get("VmRSS", "0 kB").split()[0])
-        out.append((p, fields.get("Name", "?").strip(), rss))
+        try:
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+            pss = int(next(l.split()[1] for l in rollup.splitlines() if l.startswith("Pss:")))
+        except (OSError, StopIteration, ValueError):
+            pss = rss
+        out.append((p, fields.get("Name", "?").strip(), rss, pss))
         todo.extend(int(k) for k in kids)
     return out
