@@ -36,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "status":
         r = cluster.running(cluster.layout())
         if r is None:
-            print("rbe: no cluster is up", file=sys.stderr)
+            # A cluster that died on its own says why in its status file (a process that exited).
+            last = cluster.last_status(cluster.layout())
+            why = f" (the last one failed: {last['error']})" if last.get("state") == "failed" and last.get("error") else ""
+            print(f"rbe: no cluster is up{why}", file=sys.stderr)
             return 1
         procs = cluster.processes(r.pid)
         print(f"rbe: up: grpc://127.0.0.1:{r.port}, instance {r.instance}, {r.workers} workers, "

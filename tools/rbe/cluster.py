@@ -151,6 +151,15 @@ def up(workers: int, port: int = config.DEFAULT_PORT, instance: str = config.DEF
     return status
 
 
+def last_status(lay: config.Layout) -> dict[str, object]:
+    """The supervisor's last status ({} when none): `failed` names what ended the cluster."""
+    try:
+        data = json.loads(lay.status_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _last_line(path: Path) -> str:
     try:
         lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
