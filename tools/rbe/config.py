@@ -140,6 +140,14 @@ schedulers:
     sql: *sql
     storage: *cas
     action-cache: *ac
+    # Loopback, a few workers: look for work, bots and finished operations every 0.1 s instead of
+    # BuildGrid's 1 s (which sets the floor of every remote action's round trip); each look is one
+    # small query on the local PostgreSQL.
+    poll-interval: 0.1
+    bot-poll-interval: 0.1
+    assigners:
+      - !priority-age-assigner
+        interval: 0.1
     # One fixed property set: an action whose platform is not a subset of it (another worker
     # root, another OS) is refused with FAILED_PRECONDITION at once, and a worker that offers
     # less is refused at registration.

@@ -27,6 +27,9 @@ def test_bgd_config_serves_one_instance_on_loopback() -> None:
     assert "!disk-storage" in text and 'path: "/state/rbe/cluster/data/cas"' in text
     assert "!lru-action-cache" in text and "!sql-scheduler" in text
     assert 'connection-string: "postgresql+psycopg://postgres@/bgd?host=/run/postgresql"' in text
+    # Loopback polling, not BuildGrid's 1 s defaults (the floor of a round trip).
+    for key in ("poll-interval: 0.1", "bot-poll-interval: 0.1", "interval: 0.1"):
+        assert f" {key}\n" in text
     # No tab (YAML refuses it) and every anchor used is defined before it.
     assert "\t" not in text
     anchors = re.findall(r"&(\w+)", text)
