@@ -75,14 +75,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("third_party/requirements_lock.txt"))
     ap.add_argument("--isolated", action="store_true", help="ignore this machine's pip config (PyPI only)")
     ap.add_argument("--header", default=HEADER, help=argparse.SUPPRESS)
+    # Another venv's interpreter (the RBE cluster's BuildGrid needs 3.13): pip resolves wheels,
+    # markers and Requires-Python for the interpreter it runs under, so the lock is made by that one.
+    ap.add_argument("--python-version", default="3.11", help="the venv's Python (run this with it; default 3.11)")
     args = ap.parse_args(argv)
-    if sys.version_info[:2] != (3, 11):
-        raise UserError(f"run this with Python 3.11 (the venv's version), not {sys.version.split()[0]}")
+    if "%d.%d" % sys.version_info[:2] != args.python_version:
+        raise UserError(f"run this with Python {args.python_version} (the venv's version), not {sys.version.split()[0]}")
+    if args.python_version != "3.11":
+        flags = f"--python-version {args.python_version} --in {args.src} --out {args.out}" + (" --isolated" if args.isolated else "")
+        args.header = (f"# Hashed lock of a Python {args.python_version} venv, generated from {args.src.name} by:\n"
+                       f"#     python{args.python_version} -m tools.pins.venv_lock {flags}\n# Do not edit by hand.\n")
     header = HEADER if not args.isolated else HEADER.replace(
         "torch is the CPU build (2.13.0+cpu, the version SGLang 0.5.19-0.5.21 pin):\n# the CPU suite must never pull a multi-GB CUDA torch.",
         "resolved against PyPI alone (--isolated): torch is the CUDA 13 build, for GPU hosts.")
     header = header.replace("from requirements.in by:\n#     python3.11 -m tools.pins.venv_lock",
                             f"from {args.src.name} by:\n#     python3.11 -m tools.pins.venv_lock --in {args.src} --out {args.out}" + (" --isolated" if args.isolated else ""))
+    if args.python_version != "3.11":
+        header = args.header
     lines = [header]
     for name, version, sha in resolve(args.src, args.isolated):
         lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")

@@ -42,6 +42,9 @@ SWAP_CALLERS = {
     ("kernel_cache/toolchain.py", "write_cuda_stubs", "out"): "None",
     ("patch_gate/gate.py", "run_gate", "out_dir"): "None",
     ("patch_gate/gate.py", "write_remapped", "out.resolve()"): "REMAPPED_TOOL",
+    ("rbe/cluster.py", "up", "lay.run"): "RUN_TOOL",
+    ("rbe/root.py", "ensure_root", "root"): "ROOT_TOOL",
+    ("rbe/root.py", "ensure_venv", "venv"): "VENV_TOOL",
 }
 
 # (file, function, the removed tree's expression) -> why that tree is the caller's own.
@@ -67,6 +70,7 @@ TREE_REMOVALS = {
     ("kernel_cache/cli.py", "main", "tmp"): "its own temp sibling",
     ("kernel_cache/probe.py", "run_probe", "work"): "its own mkdtemp",
     ("patch_gate/gate.py", "run_gate", "scratch"): "its own mkdtemp",
+    ("rbe/root.py", "ensure_root", "scratch"): "its own mkdtemp (the set's local repository)",
 }
 
 

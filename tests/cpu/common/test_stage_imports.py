@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).absolute().parents[3]
 TOOLS = REPO_ROOT / "tools"
 
 # The stage order (docs/DESIGN.md), lowest first: a stage may import itself and earlier stages.
-STAGES = ["common", "pins", "fetch", "patch_gate", "kernel_cache", "jit_cache", "image"]
+STAGES = ["common", "pins", "fetch", "patch_gate", "kernel_cache", "jit_cache", "image", "rbe"]
 # Packages that time or run the stages (they may import any stage; no stage may import them).
 RUNNERS = ["bench", "gpu_suite"]
 

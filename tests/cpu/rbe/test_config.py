@@ -1,0 +1,93 @@
+"""tools/rbe config: BuildGrid's generated config, the processes' command lines, and that
+.bazelrc's `build:rbe` and //rbe:platform ask for exactly what the cluster serves."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).absolute().parents[3]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools.rbe import config  # noqa: E402
+
+LAYOUT = config.Layout(Path("/state/rbe/cluster"))
+
+
+def test_bgd_config_serves_one_instance_on_loopback() -> None:
+    text = config.bgd_config(LAYOUT, 50123, "main")
+    assert 'address: "127.0.0.1:50123"' in text
+    assert "insecure-mode: true" in text
+    assert re.search(r'^  - name: "main"$', text, re.M)
+    for service in ("!action-cache", "!execution", "!cas", "!bytestream"):
+        assert f"      - {service}\n" in text
+    assert "!disk-storage" in text and 'path: "/state/rbe/cluster/data/cas"' in text
+    assert "!lru-action-cache" in text and "!sql-scheduler" in text
+    assert 'connection-string: "postgresql+psycopg://postgres@/bgd?host=/run/postgresql"' in text
+    # Loopback polling, not BuildGrid's 1 s defaults (the floor of a round trip).
+    for key in ("poll-interval: 0.1", "bot-poll-interval: 0.1", "interval: 0.1"):
+        assert f" {key}\n" in text
+    # No tab (YAML refuses it) and every anchor used is defined before it.
+    assert "\t" not in text
+    anchors = re.findall(r"&(\w+)", text)
+    for alias in re.findall(r"\*(\w+)", text):
+        assert alias in anchors
+
+
+def test_bgd_config_property_set_is_the_platform() -> None:
+    text = config.bgd_config(LAYOUT, config.DEFAULT_PORT, "main")
+    assert "!static-property-set" in text
+    props = re.search(r"properties: \[(.*)\]$", text, re.M).group(1)
+    pairs = dict(re.findall(r'\["([^"]+)", "([^"]+)"\]', props))
+    assert pairs == config.PLATFORM == {"OSFamily": "linux", "worker-root": "rbe-cluster"}
+
+
+def test_instance_names() -> None:
+    assert config.check_instance("main") is None
+    assert config.check_instance("team/main") is None
+    assert "reserved" in config.check_instance("main/blobs")
+    for bad in ("", "a b", "/main", "main/", "a//b", 'x"y'):
+        assert config.check_instance(bad), bad
+
+
+def test_casd_proxies_the_instance_and_worker_binds_the_root() -> None:
+    casd = config.casd_argv(LAYOUT, 1, 50051, "main")
+    assert "--proxy-instance=main" in casd and "--cas-remote=http://127.0.0.1:50051" in casd
+    assert "--bind=unix:/state/rbe/cluster/run/casd-1.sock" in casd
+    assert casd[-1] == "/state/rbe/cluster/data/casd-1"
+    worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main")
+    assert worker[0] == "/usr/bin/buildbox-worker" and worker[-1] == "rbe-worker-1"
+    assert "--cas-remote=unix:/state/rbe/cluster/run/casd-1.sock" in worker
+    assert "--buildbox-run=/usr/bin/buildbox-run-bubblewrap" in worker
+    for d in ("/usr", "/bin", "/lib", "/lib64", "/etc"):
+        assert f"--runner-arg=--ro-bind-mount={d}:{d}" in worker
+    assert "--platform=OSFamily=linux" in worker and "--platform=worker-root=rbe-cluster" in worker
+
+
+def test_postgres_has_no_tcp_listener() -> None:
+    argv = config.postgres_argv(LAYOUT)
+    assert "listen_addresses=" in argv and "unix_socket_directories=/run/postgresql" in argv
+
+
+def test_bazel_platform_matches_the_cluster() -> None:
+    build = (REPO_ROOT / "rbe" / "BUILD.bazel").read_text()
+    block = re.search(r"exec_properties = \{(.*?)\}", build, re.S).group(1)
+    assert dict(re.findall(r'"([^"]+)": "([^"]+)"', block)) == config.bazel_platform_properties()
+
+
+def test_bazelrc_rbe_reaches_the_cluster() -> None:
+    lines = [l.split(None, 1)[1] for l in (REPO_ROOT / ".bazelrc").read_text().splitlines()
+             if l.startswith("build:rbe ")]
+    assert f"--remote_executor=grpc://127.0.0.1:{config.DEFAULT_PORT}" in lines
+    assert f"--remote_instance_name={config.DEFAULT_INSTANCE}" in lines
+    assert "--extra_execution_platforms=//rbe:platform" in lines
+    # user.bazelrc is imported after these lines, so a user's own executor wins.
+    text = (REPO_ROOT / ".bazelrc").read_text()
+    assert text.index("build:rbe --remote_executor") < text.index("try-import %workspace%/user.bazelrc")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
