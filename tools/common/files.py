@@ -226,3 +226,58 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
         return False
     raise OSError(err, os.strerror(err), str(b))
+
+
+# A scratch directory's owner lock: held (flock) by the live process for as long as it uses the
+# directory, so a later run can tell a directory whose owner was killed from one in use.
+SCRATCH_LOCK = ".owner.lock"
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, parent: Path | None = None) -> Iterator[Path]:
+    """A private scratch directory `<parent or $TMPDIR>/<prefix><random>`, removed on exit.
+
+    An action that runs outside the sandbox (no-sandbox) and is killed with SIGKILL (Bazel after
+    its grace period, the OOM killer) never reaches its cleanup, and a scan's scratch can be
+    gigabytes. So the directory holds an flock for its whole life, and each new one first removes
+    the directories of its own prefix whose lock no live process holds: only what an earlier run
+    of this helper wrote, never a directory without the lock file."""
+    parent = Path(parent or tempfile.gettempdir())
+    sweep_dead_scratch(parent, prefix)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    fd = os.open(path / SCRATCH_LOCK, os.O_CREAT | os.O_RDWR, PRIVATE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def sweep_dead_scratch(parent: Path, prefix: str) -> list[Path]:
+    """Remove `parent/<prefix>*` directories left by killed owners (lock file present, not held);
+    returns them."""
+    removed = []
+    for path in sorted(parent.glob(glob_escape(prefix) + "*")):
+        lock = path / SCRATCH_LOCK
+        if path.is_symlink() or not path.is_dir() or not lock.is_file() or lock.is_symlink():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # a live owner holds it
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)

@@ -29,14 +29,13 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.common.files import write_bytes_atomic
+from tools.common.files import scratch_dir, write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json
 from tools.image.compression import open_layer_blob
@@ -200,8 +199,10 @@ def normalize_cyclonedx(doc: dict[str, Any], scanned: Path, stack: str, epoch: i
 def build(layout: Path, *, stack: str, lock: lockfile.Lock, base: debian.DebSet,
           manifests: Sequence[dict[str, Any]], epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(SPDX, CycloneDX) of the image at layout."""
-    with tempfile.TemporaryDirectory(prefix="kimi-k3-sbom.") as tmp:
-        spdx, cyclonedx = run_syft(layout, Path(tmp))
+    # syft unpacks every layer into its scratch (gigabytes): scratch_dir removes what a killed
+    # earlier scan left there.
+    with scratch_dir("kimi-k3-sbom.") as tmp:
+        spdx, cyclonedx = run_syft(layout, tmp)
     spdx = enrich(spdx, stack=stack, lock=lock, base=base, manifests=manifests, modules=compiled_modules(layout))
     return normalize(spdx, layout, stack, epoch), normalize_cyclonedx(cyclonedx, layout, stack, epoch)
 

@@ -20,7 +20,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from tools.common.errors import UserError  # noqa: E402
 from tools.common.files import (  # noqa: E402
-    OUTPUT_MARKER, check_replaceable_dir, dir_replaced_atomically, replace_dir, temp_dir_sibling)
+    OUTPUT_MARKER, check_replaceable_dir, dir_replaced_atomically, replace_dir, scratch_dir, temp_dir_sibling)
 
 TOOL = "tests.cpu.common.test_files"
 
@@ -196,3 +196,42 @@ def test_a_read_only_copy_is_read_only_in_the_block_and_removable_after(tmp_path
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def _hold_scratch_then_wait(parent: str, ready, name) -> None:  # a child: opens a scratch dir and stays
+    with scratch_dir("kimi-k3-test.", Path(parent)) as path:
+        (path / "big").write_bytes(b"x" * 1000)
+        name.value = str(path).encode()
+        ready.set()
+        import time
+        time.sleep(60)
+
+
+def test_a_killed_owners_scratch_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    import os
+    import signal
+    ctx = multiprocessing.get_context("fork")
+    procs, paths = [], []
+    for _ in range(2):
+        ready, name = ctx.Event(), ctx.Array("c", 4096)
+        p = ctx.Process(target=_hold_scratch_then_wait, args=(str(tmp_path), ready, name))
+        p.start()
+        assert ready.wait(30)
+        procs.append(p)
+        paths.append(Path(name.value.decode()))
+    foreign = tmp_path / "kimi-k3-test.users-own"  # same prefix, no owner lock: not ours
+    foreign.mkdir()
+    (foreign / "keep").write_text("x")
+    os.kill(procs[0].pid, signal.SIGKILL)  # never reaches its cleanup
+    procs[0].join()
+    assert paths[0].is_dir()
+    try:
+        with scratch_dir("kimi-k3-test.", tmp_path) as mine:
+            assert (mine / ".owner.lock").is_file()
+            assert not paths[0].exists()  # the killed owner's, removed
+            assert (paths[1] / "big").is_file()  # the live owner's, kept
+            assert (foreign / "keep").is_file()
+        assert not mine.exists()
+    finally:
+        procs[1].kill()
+        procs[1].join()

@@ -49,6 +49,8 @@ SWAP_CALLERS = {
 
 # (file, function, the removed tree's expression) -> why that tree is the caller's own.
 TREE_REMOVALS = {
+    ("common/files.py", "scratch_dir", "path"): "its own mkdtemp, at exit",
+    ("common/files.py", "sweep_dead_scratch", "path"): "a scratch_dir of its prefix holding the owner lock file that no live process holds (a killed earlier run's)",
     ("bench/kernel_cache.py", "main", "run"): "the bench's own mkdtemp under --work",
     ("bench/remote_cache.py", "Nginx.start", "self.dir / 'store' / 'probe'"): "its probe blob in its own nginx store",
     ("bench/remote_cache.py", "main", "work"): "its own mkdtemp (kept with --keep)",
