@@ -5,7 +5,8 @@ fetch, verification, cache and mirror logic is tools/fetch (tested on its own), 
 repository rule runs with the interpreter named by KIMI_K3_PYTHON. Each repository watches the
 Python sources of the packages that command imports, so a changed tool re-runs it.
 
-Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`). Each pin gets only
+Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`; for a `git_tree` pin
+its canonical tar, which is only fetched when a target built from it is). Each pin gets only
 its own entry of the lock (as a one-pin lock written into its repository), so editing one pin
 re-fetches that pin alone. The hub repository `@pins` has:
   //:<pin name>        the verified file of a pin
@@ -42,7 +43,7 @@ def _repo_name(pin):
 
 def _pinned_file_impl(rctx):
     rctx.file("pin.lock.json", rctx.attr.pin_json)
-    fetch_pin_file(rctx, "pin.lock.json", rctx.attr.pin, "file/" + rctx.attr.filename)
+    fetch_pin_file(rctx, "pin.lock.json", rctx.attr.pin, "file/" + rctx.attr.filename, archive = rctx.attr.archive)
     rctx.file("file/BUILD.bazel", 'exports_files(["{f}"])\nfilegroup(name = "file", srcs = ["{f}"], visibility = ["//visibility:public"])\n'.format(f = rctx.attr.filename))
     rctx.file("BUILD.bazel", "")
 
@@ -52,6 +53,7 @@ _pinned_file = repository_rule(
         "pin": attr.string(mandatory = True),
         "pin_json": attr.string(mandatory = True),
         "filename": attr.string(mandatory = True),
+        "archive": attr.bool(doc = "a git_tree pin: its tar, not its files"),
     },
     environ = FETCH_ENVIRON,
 )
@@ -161,6 +163,7 @@ def _pins_impl(mctx):
                     name = _repo_name(pin),
                     pin = pin,
                     filename = spec.get("filename", pin),
+                    archive = spec["kind"] == "git_tree",
                     pin_json = json.encode_indent({"schema_version": lock.get("schema_version", 1), "pins": {pin: spec}, "stacks": {}}),
                 )
             _hub(name = "pins", lock_json = text, patched_json = json.encode(patched))
