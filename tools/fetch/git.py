@@ -16,8 +16,7 @@ from typing import IO, Sequence
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_file
 from tools.fetch.cache import Cache
-from tools.fetch.sources import (FILL_MIRROR_HINT, SourceFailed, evict_command, from_mirror_file, note_failure,
-                                 unavailable)
+from tools.fetch.sources import FILL_MIRROR_HINT, SourceFailed, evict_command, from_mirror_file, note_failure
 from tools.pins.lock import GitDiffPin, GitTreePin
 
 REF_PREFIX = "refs/kimi-k3/"
@@ -230,7 +229,7 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
         cache_repo = ensure_commits(cache, pin.name, pin.repository, [(pin.commit, pin.tree, "tree")], mirrors,
                                     from_git, failures)
         if cache_repo is None:
-            raise unavailable(pin, failures)
+            raise git_pin_missing(pin, failures)
         with cache.temp_file(f"tree-{pin.tree}") as (tmp, out):
             write_canonical_archive(cache_repo, pin.commit, out)
             sha256 = sha256_file(tmp)

@@ -1088,6 +1088,17 @@ def test_archived_git_tree_without_github_or_mirror_is_one_line_saying_how_to_fi
     assert not (tmp_path / "out.tar").exists() and cas_entries(tmp_path / "c") == [] and tmp_entries(tmp_path / "c") == []
 
 
+def test_git_tree_without_archive_missing_everywhere_says_how_to_fill_the_mirror(tmp_path: Path,
+                                                                                git_origin: GitOrigin) -> None:
+    lock = write_lock(tmp_path, {"flashkda-cutlass": tree_pin(git_origin, repository=f"file://{tmp_path}/gone/n/c.git")})
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "flashkda-cutlass"])
+    message = one_line(e.value)
+    assert message.startswith("pin 'flashkda-cutlass' is missing")
+    assert "python3 -m tools.fetch mirror --pin flashkda-cutlass --mirror DIR" in message
+    assert "--from-git flashkda-cutlass=CHECKOUT" in message
+
+
 def test_archived_git_tree_with_another_sha256_is_refused_and_leaves_nothing(tmp_path: Path,
                                                                            git_origin: GitOrigin) -> None:
     lock = write_lock(tmp_path, {"t": tree_pin(git_origin, filename="t.tar", sha256="b" * 64)})
