@@ -15,6 +15,7 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:<role>_pin   the pin name for that role, as a one-line text file
   //stack:wheels_torch, //stack:wheels_rest
                        the stack's `wheels` closure split for the image's layers (see below)
+  //:git_pins.bzl      GIT_PINS: each git pin's repository and commit (output names that follow a pin)
   //:stacks.bzl        every per-stack fact BUILD files need, so that a stack added to the lock
                        (with its series files) needs no Starlark edit (tools/pins/defs.bzl loads it):
                          STACKS         the lock's stack names (the values of --//third_party:stack)
@@ -97,7 +98,7 @@ def _wheel_groups(lock, stacks):
 
 def _hub_impl(rctx):
     lock = json.decode(rctx.attr.lock_json)
-    build = ['package(default_visibility = ["//visibility:public"])', "", 'exports_files(["stacks.bzl"])', ""]
+    build = ['package(default_visibility = ["//visibility:public"])', "", 'exports_files(["stacks.bzl", "git_pins.bzl"])', ""]
     for pin in sorted(lock["pins"].keys()):
         build.append('alias(name = "%s", actual = "@%s//file")' % (pin, _repo_name(pin)))
     rctx.file("BUILD.bazel", "\n".join(build) + "\n")
@@ -125,6 +126,13 @@ def _hub_impl(rctx):
     rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
 
     rctx.file("stacks.bzl", stacks_bzl(stack_facts(lock, json.decode(rctx.attr.patched_json))))
+
+    # The git pins' ids, for targets whose output names follow a pin (FlashKDA's wheel version).
+    git_pins = {}
+    for pin, spec in sorted(lock["pins"].items()):
+        if spec["kind"] in ["git_diff", "git_tree"]:
+            git_pins[pin] = {"repository": spec["repository"], "commit": spec["commit"]}
+    rctx.file("git_pins.bzl", "# Generated from third_party/pins.lock.json by the pins extension.\nGIT_PINS = %s\n" % json.encode_indent(git_pins))
 
 _hub = repository_rule(
     implementation = _hub_impl,
