@@ -19,6 +19,10 @@ torch's COMMON_NVCC_FLAGS before the package's own, -fPIC, torch's include dirs,
 libraries below). Deliberate differences, none of which changes generated code:
   - setup.py's `--threads N` (a starred call) is dropped: one arch per wheel leaves nvcc nothing
     to run in parallel;
+  - its `-lineinfo` is dropped: it writes the directories of the tree and of the CUDA root into
+    the cubins' line tables, and no nvcc option maps device-code paths (the host's
+    -ffile-prefix-map does not reach them), so the wheel would differ with every output root;
+    line info serves profilers (source view), not the generated code;
   - the interpreter's own CFLAGS that setuptools adds (-g, -Wall, ...) are not added, except
     -DNDEBUG; so the objects carry no DWARF of the build host;
   - the version's local label is the pin's commit and the arch, not `git rev-parse --short HEAD`;
@@ -59,6 +63,8 @@ TORCH_NVCC_FLAGS = ("-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSION
                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
                     "--expt-relaxed-constexpr")
 SUPPORTED_TORCH = re.compile(r"2\.1[34]\.\d+(\+\w+)?")
+# nvcc flags of setup.py left out of the plan (see the module docstring).
+DROPPED_NVCC_FLAGS = ("-lineinfo", "--generate-line-info")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -226,7 +232,7 @@ def plan(setup: SetupFacts, config: Mapping[str, Any], arch: str, commit: str, t
         src = f"@TREE@/src/{source}"
         if source.endswith(".cu"):
             args = ["@CUDA_HOME@/bin/nvcc", *includes, *system, *TORCH_NVCC_FLAGS, "--compiler-options=-fPIC",
-                    *setup.nvcc_flags, *torch_defines, f"-gencode=arch=compute_{cuda_arch},code=sm_{cuda_arch}",
+                    *(f for f in setup.nvcc_flags if f not in DROPPED_NVCC_FLAGS), *torch_defines, f"-gencode=arch=compute_{cuda_arch},code=sm_{cuda_arch}",
                     "-std=c++20", "-DNDEBUG", "-c", "@INPUT@", "-o", "@OUTPUT@"]
             kind = "cuda"
         else:
@@ -243,7 +249,9 @@ def plan(setup: SetupFacts, config: Mapping[str, Any], arch: str, commit: str, t
         "wheel": wheel_filename(config["distribution"], version, python_tag),
         "extension": setup.extension, "extension_file": extension_filename(setup.extension, python_tag),
         "packages": list(setup.packages), "python_tag": python_tag, "objects": objects,
-        "link": {"kind": "link", "args": ["c++", "@OBJECTS@", "-shared", "-Wl,--build-id=none",
+        # --no-as-needed: the stubs define nothing, and the extension must still name torch's
+        # libraries (DT_NEEDED), as a link against the real ones does.
+        "link": {"kind": "link", "args": ["c++", "@OBJECTS@", "-shared", "-Wl,--build-id=none", "-Wl,--no-as-needed",
                                           "-L@STUBS@", "-L@CUDA_HOME@/lib64", *libs[:4], "-lcudart", *libs[4:],
                                           "-o", "@OUTPUT@"]},
     }

@@ -114,6 +114,7 @@ def test_plan_of_9_0a() -> None:
     args = cuda["args"]
     assert args[0] == "@CUDA_HOME@/bin/nvcc" and args[-4:] == ["-c", "@INPUT@", "-o", "@OUTPUT@"]
     assert "-gencode=arch=compute_90a,code=sm_90a" in args and "--threads" not in args
+    assert "-lineinfo" not in args  # device line tables would name the tree's absolute path
     # torch's COMMON_NVCC_FLAGS come first, so the package's -U flags win (as under BuildExtension).
     assert args.index("-D__CUDA_NO_HALF_OPERATORS__") < args.index("-U__CUDA_NO_HALF_OPERATORS__")
     for flag in ("-DTORCH_EXTENSION_NAME=widget_C", "-DTORCH_API_INCLUDE_EXTENSION_H", "-std=c++20",
@@ -122,6 +123,7 @@ def test_plan_of_9_0a() -> None:
     assert cxx["args"][0] == "c++" and "-O3" in cxx["args"]
     link = p["link"]["args"]
     assert "-ltorch_cuda" in link and "-lcudart" in link and "-L@STUBS@" in link
+    assert link.index("-Wl,--no-as-needed") < link.index("-lc10")  # stubs define nothing: keep DT_NEEDED
 
 
 def test_plan_of_12_0a_differs_only_in_arch() -> None:
