@@ -9,9 +9,10 @@ toolchain, byte for byte the same from any output root. The Bazel actions
   wheel    link flash_kda_C against sonamed stubs of torch's libraries and write the wheel
 
 Why not `pip wheel` of FlashKDA's setup.py: it runs `git submodule update` and `git rev-parse`
-(no git tree in a sandbox), asks a visible GPU for the arch by default, needs a CUDA torch that
-imports (the stack's torch does not import on a build host without a driver), and torch's
-BuildExtension compiles with absolute build paths and the host's compilers. So the plan takes
+(no git tree in a sandbox), asks a visible GPU for the arch by default, needs the stack's CUDA
+torch installed to import torch.utils.cpp_extension (gigabytes of inputs with its NVIDIA
+libraries, where the build reads only torch's headers), and torch's BuildExtension compiles with
+absolute build paths and whatever compilers the host has. So the plan takes
 from the pinned setup.py what it declares (sources, include_dirs, the cxx and nvcc flags, its
 archs, its base version) and adds what torch's CUDAExtension/BuildExtension add for torch
 2.13/2.14 on Linux (-DTORCH_API_INCLUDE_EXTENSION_H, -DTORCH_EXTENSION_NAME, -std=c++20,
@@ -43,6 +44,7 @@ import shutil
 import stat
 import sys
 import tarfile
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -56,7 +58,7 @@ PLAN_SCHEMA = 1
 TREE_JSON = "flashkda_tree.json"
 # Where the unpacked tree's paths point inside the objects (-ffile-prefix-map).
 TREE_FIXED = "/kimi-k3/flashkda"
-# Timestamps in the wheel: the zip format's earliest (1980-01-01), as the image's layers fix theirs.
+# Timestamps in the wheel: the zip format's earliest (1980-01-01), so no build time is in it.
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 # torch's COMMON_NVCC_FLAGS (torch/utils/cpp_extension.py, 2.13 and 2.14): before the package's flags.
 TORCH_NVCC_FLAGS = ("-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -70,7 +72,7 @@ DROPPED_NVCC_FLAGS = ("-lineinfo", "--generate-line-info")
 def read_config(path: Path) -> dict[str, Any]:
     """kernel_cache/flashkda.bzl's FLASHKDA literal."""
     text = path.read_text()
-    head, sep, body = text.partition("FLASHKDA = ")
+    _, sep, body = text.partition("FLASHKDA = ")
     try:
         config = ast.literal_eval(body) if sep else None
     except (ValueError, SyntaxError) as e:
@@ -124,6 +126,12 @@ def _joined_path(node: ast.AST, where: str) -> str:
     raise _setup_error(where, f"include_dirs item {ast.unparse(node)} is not os.path.join(this_dir, ...)")
 
 
+def _list(node: ast.AST, where: str, what: str) -> list[ast.expr]:
+    if not isinstance(node, (ast.List, ast.Tuple)):
+        raise _setup_error(where, f"{what} is not a list literal")
+    return list(node.elts)
+
+
 def _keywords(call: ast.Call) -> dict[str, ast.AST]:
     return {k.arg: k.value for k in call.keywords if k.arg}
 
@@ -166,7 +174,7 @@ def read_setup(text: str, where: str = "setup.py") -> SetupFacts:
     return SetupFacts(
         extension=name.value,
         sources=_strings(kw["sources"], where, "sources"),
-        include_dirs=tuple(_joined_path(n, where) for n in getattr(kw["include_dirs"], "elts", ())),
+        include_dirs=tuple(_joined_path(n, where) for n in _list(kw["include_dirs"], where, "include_dirs")),
         cxx_flags=_strings(by_key["cxx"], where, "extra_compile_args['cxx']", skip_starred=True),
         nvcc_flags=_strings(by_key["nvcc"], where, "extra_compile_args['nvcc']", skip_starred=True),
         archs=archs, base_version=base.value, packages=packages)
@@ -489,8 +497,9 @@ def cmd_wheel(args: argparse.Namespace) -> int:
     missing = [o["out"] for o in plan_["objects"] if o["out"] not in objects]
     if missing:
         raise UserError(f"flashkda wheel: objects {', '.join(missing)} not given; pass each with --objects")
-    work = Path(args.out).absolute().parent / f".{args.out.name}.work"
-    shutil.rmtree(work, ignore_errors=True)
+    # The link's scratch (stubs, the extension before it goes into the zip): this run's own.
+    args.out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.absolute().parent))
     try:
         stubs = write_stubs(tc, config["torch_libraries"], work / "stubs")
         so = work / plan_["extension_file"]
