@@ -24,6 +24,11 @@ option. Without SGLang (the build host), an abbreviation of a judged option coun
 option (SGLang reads it so, or refuses it as ambiguous), one that could be several is refused,
 and so is a `--config` file, which only SGLang's parser reads.
 
+FlashKDA (`--linear-attn-prefill-backend flashkda`, the image variant --//image:kda_prefill=flashkda):
+the entrypoint warns, and starts the server anyway, when SGLang will prefill KDA layers with it
+(the facts in FLASHKDA_FACTS, image/README.md "The FlashKDA warning"). The arguments are read as
+for the Mooncake guard: with SGLang's parser when an argument could name the option.
+
 Launch profiles (image/profiles/, shipped in /usr/share/kimi-k3/profiles): `--profile NAME` starts
 the profile's SGLang arguments with its environment, placeholders (`${MODEL_PATH}`, ...) taken
 from the container's environment, through the same guard; `--print-profile NAME` prints that
@@ -83,6 +88,18 @@ TRUE_WORDS = ("1", "true", "yes", "on", "enable")
 FALSE_WORDS = ("0", "false", "no", "off", "disable")
 
 
+# FlashKDA: SGLang's options that choose the KDA prefill kernel -> their ServerArgs field and
+# default (SGLang 0.5.21 and 0.5.23: the prefill backend, else the base linear-attention backend).
+KDA_JUDGED = {"--linear-attn-prefill-backend": ("linear_attn_prefill_backend", None),
+              "--linear-attn-backend": ("linear_attn_backend", "triton")}
+# What is known against FlashKDA as the KDA prefill backend, from the operators' manual: why the
+# entrypoint warns (it does not refuse: the backend works at low concurrency, and choosing it is
+# the operator's call).
+FLASHKDA_FACTS = ("it fails under 4 and under 8 concurrent requests (the operators' manual), and it is no faster "
+                  "than SGLang's Triton KDA (16K-token prefill: 2693 vs 2695 tok/s)")
+FLASHKDA_DISTRIBUTION = "flash_kda"
+
+
 class GuardError(Exception):
     """Arguments the guard cannot judge: one line naming the argument and the fix."""
 
@@ -97,15 +114,16 @@ def expandable_segments_on(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _may_name_judged(arg: str) -> bool:
-    """Whether SGLang's parser could read `arg` as one of JUDGED (argparse takes any unique
+def _may_name_judged(arg: str, judged: Mapping[str, tuple[str, str | None]] = JUDGED) -> bool:
+    """Whether SGLang's parser could read `arg` as one of `judged` (argparse takes any unique
     prefix of a long option, with or without `=VALUE`)."""
     name = arg.partition("=")[0]
-    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in JUDGED)
+    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in judged)
 
 
-def settings_from_sglang(args: Sequence[str]) -> dict[str, str | None] | None:
-    """The JUDGED fields as SGLang's launch parser reads `args` (its plugins loaded, a --config
+def settings_from_sglang(args: Sequence[str], judged: Mapping[str, tuple[str, str | None]] = JUDGED
+                         ) -> dict[str, str | None] | None:
+    """The `judged` fields as SGLang's launch parser reads `args` (its plugins loaded, a --config
     file merged), or None when SGLang cannot be imported here."""
     try:
         from sglang.srt.server_args import prepare_server_args
@@ -140,11 +158,12 @@ def settings_from_sglang(args: Sequence[str]) -> dict[str, str | None] | None:
         raise GuardError(f"SGLang's parser rejects the arguments ({type(e).__name__}: {text})") from None
     finally:
         argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
-    return {field: getattr(server_args, field, default) for field, default in JUDGED.values()}
+    return {field: getattr(server_args, field, default) for field, default in judged.values()}
 
 
-def settings_without_sglang(args: Sequence[str]) -> dict[str, str | None]:
-    """The JUDGED fields from `args` by argparse's rules for these options alone: an exact or
+def settings_without_sglang(args: Sequence[str], judged: Mapping[str, tuple[str, str | None]] = JUDGED
+                            ) -> dict[str, str | None]:
+    """The `judged` fields from `args` by argparse's rules for these options alone: an exact or
     unique-prefix match (also `--opt=VALUE`), the last one wins, nothing after `--`. A prefix of
     several judged options is refused (SGLang refuses it as ambiguous), and so is `--config`:
     only SGLang's parser (and PyYAML) reads the file."""
@@ -153,15 +172,15 @@ def settings_without_sglang(args: Sequence[str]) -> dict[str, str | None]:
         config = args[i + 1] if i + 1 < len(args) else "(no file)"
         raise GuardError(f"--config {config}: the guard reads a config file only with the image's SGLang, "
                          "which cannot be imported here; pass the options on the command line")
-    values: dict[str, str | None] = {field: default for field, default in JUDGED.values()}
+    values: dict[str, str | None] = {field: default for field, default in judged.values()}
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
             break
-        if _may_name_judged(arg):
+        if _may_name_judged(arg, judged):
             name, eq, value = arg.partition("=")
-            matches = [name] if name in JUDGED else [o for o in JUDGED if o.startswith(name)]
+            matches = [name] if name in judged else [o for o in judged if o.startswith(name)]
             if len(matches) > 1:
                 raise GuardError(f"{name} could be any of {', '.join(matches)} (SGLang refuses an ambiguous "
                                  "abbreviation); spell the option in full")
@@ -170,7 +189,7 @@ def settings_without_sglang(args: Sequence[str]) -> dict[str, str | None]:
                     raise GuardError(f"{name} expects a value; give it one")
                 i += 1
                 value = args[i]
-            values[JUDGED[matches[0]][0]] = value
+            values[judged[matches[0]][0]] = value
         i += 1
     return values
 
@@ -268,6 +287,40 @@ def refusal(args: Sequence[str], env: Mapping[str, str], mooncake_version: str |
     how, fact, fix = found
     return (f"error: {var} sets expandable_segments:True while SGLang transfers the KV cache with Mooncake "
             f"({how}): {fact}; {fix}remove expandable_segments:True from {var}")
+
+
+def prefills_with_flashkda(args: Sequence[str]) -> bool:
+    """Whether SGLang will prefill KDA layers with FlashKDA. Arguments that cannot be read are
+    left to SGLang, which judges them itself: this only decides a warning."""
+    if "--config" not in args and not any("flashkda" in a for a in args):
+        return False  # SGLang's choices are exact words: no `flashkda`, no FlashKDA
+    try:
+        settings = settings_from_sglang(args, KDA_JUDGED)
+        if settings is None:
+            settings = settings_without_sglang(args, KDA_JUDGED)
+    except GuardError:
+        return False
+    return (settings["linear_attn_prefill_backend"] or settings["linear_attn_backend"]) == "flashkda"
+
+
+def flashkda_installed() -> bool:
+    try:
+        from importlib import metadata
+        metadata.version(FLASHKDA_DISTRIBUTION)
+        return True
+    except Exception:  # not installed, or no metadata to read: SGLang's import will tell
+        return False
+
+
+def flashkda_warning(args: Sequence[str], installed: bool | None = None) -> str | None:
+    """The warning line when SGLang will prefill KDA with FlashKDA, else None. Never a refusal."""
+    if not prefills_with_flashkda(args):
+        return None
+    have = flashkda_installed() if installed is None else installed
+    missing = "" if have else ("; and this image has no flash_kda, so SGLang will fail to load it: use the image "
+                               "built with --//image:kda_prefill=flashkda")
+    return (f"warning: the KDA prefill backend is FlashKDA (--linear-attn-prefill-backend flashkda): {FLASHKDA_FACTS}; "
+            f"prefer --linear-attn-prefill-backend triton, which is as fast{missing}; starting anyway")
 
 
 class ProfileError(Exception):
@@ -550,6 +603,9 @@ def main(argv: Sequence[str]) -> int:
             return 2
         if argv[0] == "--print-profile":
             print(profile_command(args, env))
+            warning = flashkda_warning(args)
+            if warning:
+                print(warning, file=sys.stderr)
             message = refusal(args, {**os.environ, **env})
             if message:
                 print(message, file=sys.stderr)
@@ -561,6 +617,9 @@ def main(argv: Sequence[str]) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
+    warning = flashkda_warning(argv)
+    if warning:
+        print(warning, file=sys.stderr)
     try:
         env = dict(os.environ)
         link_sglang_jit_cache(env)

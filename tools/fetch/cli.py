@@ -1,8 +1,9 @@
 """Verified fetcher: every upstream input comes from the lock, by hash, through one cache.
 
-    fetch        --pin NAME [--out PATH]     print the path of the verified artifact
+    fetch        --pin NAME [--out PATH [--archive]]  print the path of the verified artifact
     mirror       --mirror DIR [--stack S]... [--pin P]... [--from-git PIN=CHECKOUT]...
     add-git-diff --name N --repository URL --commit C [--parent P] [--from-git CHECKOUT]
+    add-git-tree --name N --repository URL --commit C [--from-git CHECKOUT]
     verify       schema check + table of pins
     evict        --pin NAME | --sha256 HEX
     format       rewrite the lock in canonical form
@@ -34,7 +35,7 @@ from tools.pins import lock as lockfile
 from tools.pins.lock import FilePin, GitDiffPin, GitTreePin, Lock, Pin
 
 DEFAULT_TIMEOUT_S = 60.0
-CACHE_COMMANDS = ("fetch", "mirror", "evict", "add-git-diff")  # the ones that touch the cache
+CACHE_COMMANDS = ("fetch", "mirror", "evict", "add-git-diff", "add-git-tree")  # the ones that touch the cache
 
 
 @dataclass
@@ -55,14 +56,17 @@ def fetch_pin(ctx: Context, pin: Pin, from_git: str | None = None) -> Path:
 
 def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
     pin = ctx.lock.pin(args.pin)
+    if args.archive and not isinstance(pin, GitTreePin):
+        raise UserError(f"fetch --archive: pin '{pin.name}' is a {pin.kind} pin; --archive places a git_tree pin's tar")
+    unpack = isinstance(pin, GitTreePin) and not args.archive
     if args.out:
         # Checked before fetching, so a wrong --out costs no download.
-        check_writable_path(Path(args.out).absolute(), "--out", directory=isinstance(pin, GitTreePin))
-        if isinstance(pin, GitTreePin):
+        check_writable_path(Path(args.out).absolute(), "--out", directory=unpack)
+        if unpack:
             check_replaceable_dir(Path(args.out).absolute(), "--out", EXTRACT_TOOL)
     path = fetch_pin(ctx, pin)
     if args.out:
-        if isinstance(pin, GitTreePin):
+        if unpack:
             path = extract_tar(path, Path(args.out))
         else:
             path = place_file(path, Path(args.out), link=not args.copy)
@@ -120,7 +124,7 @@ def cmd_mirror(ctx: Context, args: argparse.Namespace) -> int:
     for index, pin in enumerate(pins, 1):
         path = fetch_pin(ctx, pin, from_git.get(pin.name))
         notes: list[str] = []
-        if isinstance(pin, (FilePin, GitDiffPin)):
+        if pin.filename and isinstance(pin, (FilePin, GitDiffPin, GitTreePin)):
             notes.append(mirror_file(path, target / pin.filename, pin.sha256, getattr(pin, "size", None)))
         if isinstance(pin, (GitDiffPin, GitTreePin)):
             notes.append(mirror_git_pin(ctx, pin, target, from_git.get(pin.name)))
@@ -185,7 +189,7 @@ def cmd_evict(ctx: Context, args: argparse.Namespace) -> int:
         targets = [(args.sha256, args.sha256)]
     else:
         pin = ctx.lock.pin(args.pin)
-        if isinstance(pin, GitTreePin):
+        if isinstance(pin, GitTreePin) and not pin.sha256:
             recorded = ctx.cache.tree_entry(pin.tree)
             targets = [(recorded, f"tree-{pin.tree}")] if recorded else []
             ctx.cache.tree_index(pin.tree).unlink(missing_ok=True)
@@ -252,6 +256,41 @@ def cmd_add_git_diff(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_git_tree(ctx: Context, args: argparse.Namespace) -> int:
+    # The archive's sha256 is that of the tar this package renders (like add-git-diff's diff).
+    if not re.fullmatch(r"[0-9a-f]{40}", args.commit):
+        raise UserError(f"--commit {args.commit!r}: pass a full 40-char lowercase commit id (git rev-parse it first)")
+    failures: list[str] = []
+    cache_repo = ctx.cache.git_repo(args.repository)
+    with ctx.cache.locked(f"git-{cache_repo.stem}"):
+        fetch_git.init_bare(cache_repo)
+        for source in fetch_git.git_sources(args.repository, ctx.mirrors, args.from_git):
+            try:
+                fetch_git.fetch_commits(cache_repo, source, [args.commit])
+                break
+            except SourceFailed as e:
+                failures.append(f"{source}: {e}")
+        else:
+            raise UserError(f"add-git-tree {args.name}: no source has commit {args.commit} ({'; '.join(failures)}); "
+                            "pass --from-git CHECKOUT with a clone that contains it")
+        with ctx.cache.temp_file(f"tree-{args.commit}") as (tmp, out):
+            fetch_git.write_canonical_archive(cache_repo, args.commit, out)
+            sha256 = sha256_file(tmp)
+            ctx.cache.commit(tmp, sha256)
+        tree = fetch_git.tree_of(cache_repo, args.commit)
+    ctx.cache.record_tree(tree, sha256)
+    entry = {"kind": "git_tree", "repository": args.repository, "commit": args.commit, "tree": tree,
+             "filename": args.filename or f"{args.name}-{args.commit[:8]}.tar", "sha256": sha256}
+    if args.description:
+        entry["description"] = args.description
+    raw = lockfile.read_raw(ctx.lock.path)
+    raw.setdefault("pins", {})[args.name] = entry
+    lockfile.write(ctx.lock.path, raw)
+    print(f"{args.name}: {entry['filename']} tree {tree} sha256 {sha256}", file=sys.stderr)
+    print(args.name)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m tools.fetch", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -266,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", required=True)
     p.add_argument("--out", help="also place the artifact here (a directory for git_tree pins)")
     p.add_argument("--copy", action="store_true", help="copy to --out instead of hardlinking")
+    p.add_argument("--archive", action="store_true", help="place a git_tree pin's tar at --out, not its files")
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("mirror", parents=[common], help="fill a mirror directory from the lock")
@@ -284,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filename")
     p.add_argument("--description")
     p.set_defaults(func=cmd_add_git_diff)
+
+    p = sub.add_parser("add-git-tree", parents=[common], help="add or bump a git_tree pin (commit, tree, tar sha256)")
+    p.add_argument("--name", required=True)
+    p.add_argument("--repository", required=True)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--from-git", metavar="CHECKOUT", help="local clone to read the commit from")
+    p.add_argument("--filename")
+    p.add_argument("--description")
+    p.set_defaults(func=cmd_add_git_tree)
 
     p = sub.add_parser("verify", parents=[common], help="validate the lock and print its pins")
     p.set_defaults(func=cmd_verify)

@@ -16,8 +16,7 @@ from typing import IO, Sequence
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_file
 from tools.fetch.cache import Cache
-from tools.fetch.sources import (FILL_MIRROR_HINT, SourceFailed, evict_command, from_mirror_file, note_failure,
-                                 unavailable)
+from tools.fetch.sources import FILL_MIRROR_HINT, SourceFailed, evict_command, from_mirror_file, note_failure
 from tools.pins.lock import GitDiffPin, GitTreePin
 
 REF_PREFIX = "refs/kimi-k3/"
@@ -151,13 +150,18 @@ def write_canonical_diff(cache_repo: Path, parent: str, commit: str, out: IO[byt
     os.fsync(out.fileno())
 
 
-def git_diff_missing(pin: GitDiffPin, failures: Sequence[str]) -> UserError:
+def git_pin_missing(pin: GitDiffPin | GitTreePin, failures: Sequence[str]) -> UserError:
     tried = "; ".join(failures)
+    what = f" ({pin.filename})" if pin.filename else ""
+    # Only stacks' patch pins have a GitHub-free alternative stack; other git pins (FlashKDA's
+    # sources) feed optional targets that the default build never asks for.
+    tail = ("; the `pypi` stack builds without it (`--config=pypi`)" if isinstance(pin, GitDiffPin)
+            else "; only targets built from it need it")
     return UserError(
-        f"pin '{pin.name}' ({pin.filename}) is missing: not in the cache, no mirror has it, and its origin failed "
+        f"pin '{pin.name}'{what} is missing: not in the cache, no mirror has it, and its origin failed "
         f"({tried}); on a connected host run `{FILL_MIRROR_HINT.format(pin=pin.name)}` (or add "
         f"`--from-git {pin.name}=CHECKOUT` to fill it from a local clone of {pin.repository}) and pass "
-        "--mirror DIR or KIMI_K3_MIRROR=DIR; the `pypi` stack builds without it (`--config=pypi`)")
+        f"--mirror DIR or KIMI_K3_MIRROR=DIR{tail}")
 
 
 def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], timeout: float,
@@ -181,7 +185,7 @@ def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], t
         wanted = [(pin.commit, pin.commit_tree, "commit_tree"), (pin.parent, pin.parent_tree, "parent_tree")]
         cache_repo = ensure_commits(cache, pin.name, pin.repository, wanted, mirrors, from_git, failures)
         if cache_repo is None:
-            raise git_diff_missing(pin, failures)
+            raise git_pin_missing(pin, failures)
         with cache.temp_file(pin.sha256) as (tmp, out):
             write_canonical_diff(cache_repo, pin.parent, pin.commit, out)
             actual = sha256_file(tmp)
@@ -200,9 +204,19 @@ def git_version() -> str:
         return "git (unknown version)"
 
 
+def write_canonical_archive(cache_repo: Path, commit: str, out: IO[bytes]) -> None:
+    # Archiving the commit (not the tree) makes every mtime the commit time: deterministic.
+    git(["archive", "--format=tar", commit], git_dir=cache_repo, config=["tar.umask=0022"], stdout=out)
+    out.flush()
+    os.fsync(out.fileno())
+
+
 def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], timeout: float,
                        from_git: str | None = None) -> Path:
-    """A deterministic `git archive` tar of the pin's commit, in the CAS."""
+    """A deterministic `git archive` tar of the pin's commit, in the CAS. A pin with `sha256`
+    (an archived pin) is served from `<mirror>/<filename>` too, and its tar must match."""
+    if pin.sha256:
+        return fetch_archived_tree_pin(pin, cache, mirrors, from_git)
     what = f"pin '{pin.name}'"
     with cache.locked(f"tree-{pin.tree}"):
         recorded = cache.tree_entry(pin.tree)
@@ -215,16 +229,49 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
         cache_repo = ensure_commits(cache, pin.name, pin.repository, [(pin.commit, pin.tree, "tree")], mirrors,
                                     from_git, failures)
         if cache_repo is None:
-            raise unavailable(pin, failures)
+            raise git_pin_missing(pin, failures)
         with cache.temp_file(f"tree-{pin.tree}") as (tmp, out):
-            # Archiving the commit (not the tree) makes every mtime the commit time: deterministic.
-            git(["archive", "--format=tar", pin.commit], git_dir=cache_repo, config=["tar.umask=0022"], stdout=out)
-            out.flush()
-            os.fsync(out.fileno())
+            write_canonical_archive(cache_repo, pin.commit, out)
             sha256 = sha256_file(tmp)
             # Always rename: a same-named entry is either identical or corrupt, and this one is fresh.
             entry = cache.commit(tmp, sha256)
         cache.record_tree(pin.tree, sha256)
+        return entry
+
+
+def fetch_archived_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], from_git: str | None) -> Path:
+    what = f"pin '{pin.name}'"
+    hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+    if hit:
+        return hit
+    failures: list[str] = []
+    with cache.locked(pin.sha256):
+        hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
+        if hit:
+            return hit
+        cache.clean_stale_temps(pin.sha256)
+        if not from_git:
+            for mirror in mirrors:
+                try:
+                    entry = from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, None, mirror / pin.filename)
+                    cache.record_tree(pin.tree, pin.sha256)
+                    return entry
+                except SourceFailed as e:
+                    note_failure(pin.name, e, failures)
+        cache_repo = ensure_commits(cache, pin.name, pin.repository, [(pin.commit, pin.tree, "tree")], mirrors,
+                                    from_git, failures)
+        if cache_repo is None:
+            raise git_pin_missing(pin, failures)
+        with cache.temp_file(pin.sha256) as (tmp, out):
+            write_canonical_archive(cache_repo, pin.commit, out)
+            actual = sha256_file(tmp)
+            if actual != pin.sha256:
+                raise UserError(f"pin '{pin.name}': `git archive` of {pin.commit[:12]} by {git_version()} has sha256 "
+                                f"{actual}, expected {pin.sha256}; the tree matched, so this git renders archives "
+                                f"differently: fill a mirror file with `{FILL_MIRROR_HINT.format(pin=pin.name)}` on "
+                                "a host whose git matches")
+            entry = cache.commit(tmp, pin.sha256)
+        cache.record_tree(pin.tree, pin.sha256)
         return entry
 
 

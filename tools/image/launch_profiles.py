@@ -37,6 +37,9 @@ LAUNCH_PROFILE = Object({
 }, optional={
     "placeholders": MapOf(Object({"description": TEXT, "example": TEXT})),
     "env": MapOf(TEXT),
+    # What operators must know before choosing this profile (known failures, measured speed), in
+    # the file they read; the entrypoint's warnings say the same at start.
+    "notes": ListOf(TEXT),
 })
 PROFILE_FIX = "see README 'Launch profiles' for the format"
 PLACEHOLDER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")

@@ -380,9 +380,29 @@ def situ_mxfp4_cutlass() -> str | None:
     return None
 
 
+def flashkda_wheel() -> str | None:
+    """FlashKDA for SGLang's flashkda KDA prefill backend: the flash_kda distribution is installed
+    and imports, its extension flash_kda_C loading against the image's torch (no GPU needed to
+    load it; SGLang's kernel wrapper imports it the same way at model load)."""
+    from importlib import metadata
+    try:
+        version = metadata.version("flash_kda")
+    except metadata.PackageNotFoundError:
+        return ("the image has no flash_kda (FlashKDA): build the image variant with --//image:kda_prefill=flashkda, "
+                "which installs //kernel_cache:flashkda_wheel_12_0a")
+    try:
+        module = importlib.import_module("flash_kda")
+    except Exception as exc:  # an ImportError naming a symbol or library, or what flash_kda raises
+        return f"flash_kda {version} is installed but does not import: {one_line(exc)}"
+    if not callable(getattr(module, "fwd", None)):
+        return f"flash_kda {version} imports but has no fwd(), which SGLang's FlashKDA wrapper calls"
+    return None
+
+
 # name -> probe returning None when the image has the feature, else why not (one line).
 FEATURES: dict[str, Callable[[], str | None]] = {
     "situ-mxfp4-cutlass": situ_mxfp4_cutlass,
+    "flashkda-wheel": flashkda_wheel,
 }
 
 

@@ -3,7 +3,7 @@
 Usage:
     python3 -m tools.image.sbom --lock third_party/pins.lock.json --stack default \
         [--debian-lock third_party/debian.lock.json --debian-set image-base] \
-        [--gate-manifest flashinfer/manifest.json]... --out sbom.spdx.json
+        [--gate-manifest flashinfer/manifest.json]... [--built-wheel WHEEL=PIN,PIN]... --out sbom.spdx.json
 
 The SBOM is shipped in the image at /usr/share/kimi-k3/sbom.spdx.json (its own small top
 layer) and its sha256 is the image label org.kimi-k3.sbom-sha256 (tools/image/layout.py --sbom).
@@ -75,7 +75,28 @@ def pin_package(pin: Any) -> dict[str, Any]:
         pkg["downloadLocation"] = f"git+{pin.repository}@{pin.commit}"
         pkg["versionInfo"] = pin.commit
         pkg["comment"] = f"git tree {pin.tree}"
+        if pin.sha256:  # an archived git_tree pin: the sha256 of its canonical tar
+            pkg["packageFileName"] = pin.filename
+            pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": pin.sha256}]
     return pkg
+
+
+def built_wheel_package(wheel: Path, source_pins: Sequence[str]) -> dict[str, Any]:
+    """One SPDX package for a wheel this project builds from pins (FlashKDA's): its name and
+    version from the file name, its sha256, and the pins it was built from (GENERATED_FROM)."""
+    from tools.common.hashing import sha256_file
+
+    parts = wheel.name[:-len(".whl")].split("-") if wheel.name.endswith(".whl") else []
+    if len(parts) < 5:
+        raise UserError(f"--built-wheel {wheel}: not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)")
+    name, version = parts[0], parts[1]
+    return {"SPDXID": spdx_id("Built", name), "name": name, "versionInfo": version,
+            "downloadLocation": NOASSERTION, "packageFileName": wheel.name, "filesAnalyzed": False,
+            "checksums": [{"algorithm": "SHA256", "checksumValue": sha256_file(wheel)}],
+            "licenseConcluded": NOASSERTION, "licenseDeclared": NOASSERTION, "copyrightText": NOASSERTION,
+            "comment": f"built by this project from the pins {', '.join(source_pins)}",
+            "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                              "referenceLocator": f"pkg:pypi/{name.lower()}@{version}"}]}
 
 
 def deb_package(pkg: debian.DebPackage) -> dict[str, Any]:
@@ -125,13 +146,19 @@ def patch_packages(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list
 
 
 def build_sbom(lock: lockfile.Lock, stack_name: str, manifests: Sequence[dict[str, Any]], epoch: int,
-               base: debian.DebSet | None = None) -> dict[str, Any]:
+               base: debian.DebSet | None = None,
+               built_wheels: Sequence[tuple[Path, Sequence[str]]] = ()) -> dict[str, Any]:
     stack = lock.stack(stack_name)
-    pin_names = list(dict.fromkeys([*stack.pin_names(), *(m["target"]["pin"] for m in manifests)]))
+    sources = [n for _, pins in built_wheels for n in pins]
+    pin_names = list(dict.fromkeys([*stack.pin_names(), *(m["target"]["pin"] for m in manifests), *sources]))
     packages = [pin_package(lock.pin(n)) for n in pin_names]
+    built = [(built_wheel_package(wheel, pins), pins) for wheel, pins in built_wheels]
+    packages += [pkg for pkg, _ in built]
     packages += [deb_package(p) for p in (base.packages if base else ())]
     relationships = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
                       "relatedSpdxElement": p["SPDXID"]} for p in packages]
+    relationships += [{"spdxElementId": pkg["SPDXID"], "relationshipType": "GENERATED_FROM",
+                       "relatedSpdxElement": spdx_id("Pin", pin)} for pkg, pins in built for pin in pins]
     for m in manifests:
         pkgs, rels = patch_packages(m)
         packages += pkgs
@@ -155,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gate-manifest", action="append", default=[], type=Path)
     p.add_argument("--debian-lock", type=Path, help="Debian lock holding the base layer's set")
     p.add_argument("--debian-set", help="the base layer's Debian set (with --debian-lock)")
+    p.add_argument("--built-wheel", action="append", default=[], metavar="WHEEL=PIN,PIN",
+                   help="a wheel built from pins (listed with them, GENERATED_FROM each)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--source-date-epoch", default=None)
     args = p.parse_args(argv)
@@ -163,7 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(args.debian_lock) != bool(args.debian_set):
         raise UserError("--debian-lock and --debian-set go together: pass both (the base layer's set) or neither")
     base = debian.load_set(args.debian_lock, args.debian_set) if args.debian_set else None
-    doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch, base)
+    built = []
+    for value in args.built_wheel:
+        wheel, sep, pins = value.partition("=")
+        names = [n for n in pins.split(",") if n]
+        if not sep or not wheel or not names:
+            raise UserError(f"--built-wheel {value!r}: expected WHEEL=PIN[,PIN...], the wheel and the pins it is built from")
+        built.append((Path(wheel), [lock.pin(n).name for n in names]))
+    doc = build_sbom(lock, args.stack, [read_gate_manifest(m) for m in args.gate_manifest], epoch, base, built)
     data = canonical_json(doc) + b"\n"
     write_bytes_atomic(args.out, data)
     print(f"sbom: {args.out} sha256:{sha256_bytes(data)} "

@@ -35,6 +35,13 @@ deps), so only an edit to what the actions run invalidates compiled objects.
 the config settings that pick a plan by arch, selection, variant and stack
 (private/plan_settings.bzl).
 
+    flashkda_wheel(name, arch, config_json)
+
+FlashKDA's wheel (flash_kda + flash_kda_C) for one arch, from the pins `flashkda` and
+`flashkda-cutlass` and the stack's torch, with the same pinned toolchain and prefix maps
+(private/flashkda.bzl; the logic and why it does not run setup.py: flashkda.py). config_json is
+kernel_cache/flashkda.bzl's FLASHKDA; the wheel's name and version come from the pin's commit.
+
     flashinfer_tree_stand_in(name)
 
 an empty tree for a cache target that is only analysed (//kernel_cache:spec_cache).
@@ -50,6 +57,7 @@ check //tests/cpu/kernel_cache:plans_current).
 """
 
 load("//tools/kernel_cache/private:constants.bzl", _ARCHS = "ARCHS", _DEFAULT_SELECTION = "DEFAULT_SELECTION", _SPEC_SCHEMA = "SPEC_SCHEMA", _VARIANTS = "VARIANTS")
+load("//tools/kernel_cache/private:flashkda.bzl", _flashkda_wheel = "flashkda_wheel", _flashkda_wheel_name = "flashkda_wheel_name")
 load("//tools/kernel_cache/private:kernel_cache.bzl", _flashinfer_kernel_cache = "flashinfer_kernel_cache", _flashinfer_tree_stand_in = "flashinfer_tree_stand_in")
 load("//tools/kernel_cache/private:plan_settings.bzl", _kernel_cache_plan_settings = "kernel_cache_plan_settings")
 load("//tools/kernel_cache/private:plans.bzl", _PLANS = "PLANS", _PLANS_TOOL_ARGS = "PLANS_TOOL_ARGS", _PLANS_TOOL_DATA = "PLANS_TOOL_DATA", _SELECTIONS = "SELECTIONS")
@@ -63,5 +71,7 @@ SELECTIONS = _SELECTIONS
 SPEC_SCHEMA = _SPEC_SCHEMA
 VARIANTS = _VARIANTS
 flashinfer_kernel_cache = _flashinfer_kernel_cache
+flashkda_wheel = _flashkda_wheel
+flashkda_wheel_name = _flashkda_wheel_name
 flashinfer_tree_stand_in = _flashinfer_tree_stand_in
 kernel_cache_plan_settings = _kernel_cache_plan_settings

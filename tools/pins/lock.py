@@ -94,13 +94,17 @@ class GitDiffPin:
 
 @dataclass(frozen=True)
 class GitTreePin:
-    """A source tree at a commit, verified by its git tree id."""
+    """A source tree at a commit, verified by its git tree id. With `filename` and `sha256` (both
+    or neither) the tree's canonical tar (`git archive`) is pinned too: a mirror then serves it
+    as `<mirror>/<filename>`, and a tar rendered differently by this host's git is refused."""
 
     name: str
     repository: str
     commit: str
     tree: str
     description: str = ""
+    filename: str = ""
+    sha256: str = ""
     kind: str = field(default="git_tree", init=False)
 
 
@@ -296,13 +300,20 @@ def _parse_git_diff_pin(name: str, f: _Fields) -> GitDiffPin:
 
 
 def _parse_git_tree_pin(name: str, f: _Fields) -> GitTreePin:
-    f.check_known(["kind", "description", "repository", "commit", "tree"])
+    f.check_known(["kind", "description", "repository", "commit", "tree", "filename", "sha256"])
+    archived = [key for key in ("filename", "sha256") if key in f.obj]
+    if len(archived) == 1:
+        other = "sha256" if archived[0] == "filename" else "filename"
+        raise f.fail(other, f"is missing: a git_tree pin's archive needs both filename and sha256 (it has "
+                     f"{archived[0]}); `python3 -m tools.fetch add-git-tree` writes both")
     return GitTreePin(
         name=name,
         repository=f.url("repository"),
         commit=f.git_id("commit"),
         tree=f.git_id("tree"),
         description=f.text("description", required=False),
+        filename=f.text("filename", pattern=_FILENAME_RE, expect="a plain file name (no '/')") if archived else "",
+        sha256=f.sha256("sha256") if archived else "",
     )
 
 
@@ -379,12 +390,12 @@ def parse_toolchain(lock_path: Path, name: str, obj: Any, pins: Mapping[str, Pin
 
 
 def _check_unique_filenames(lock_path: Path, pins: Mapping[str, Pin]) -> None:
-    # Mirrors store `file` and `git_diff` pins flat as <mirror>/<filename>: two pins sharing a
-    # filename would overwrite each other there.
+    # Mirrors store `file`, `git_diff` and archived `git_tree` pins flat as <mirror>/<filename>:
+    # two pins sharing a filename would overwrite each other there.
     owner: dict[str, str] = {}
     for pin in pins.values():
         filename = getattr(pin, "filename", None)
-        if filename is None:
+        if not filename:
             continue
         if filename in owner:
             raise UserError(f"{lock_path}: pin '{pin.name}': filename '{filename}' is also used by pin "

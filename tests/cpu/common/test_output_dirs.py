@@ -38,6 +38,7 @@ SWAP_CALLERS = {
     ("jit_cache/triton_recorded.py", "build", "out"): "None",
     ("kernel_cache/actions.py", "assemble", "out.absolute()"): "tool",  # None from the CLI, BUILD_TOOL from build
     ("kernel_cache/cli.py", "main", "args.out.absolute()"): "None",
+    ("kernel_cache/flashkda.py", "make_tree", "out.absolute()"): "None",
     ("kernel_cache/toolchain.py", "unpack_tvm_ffi", "out"): "None",
     ("kernel_cache/toolchain.py", "write_cuda_stubs", "out"): "None",
     ("patch_gate/gate.py", "run_gate", "out_dir"): "None",
@@ -70,6 +71,7 @@ TREE_REMOVALS = {
     ("jit_cache/triton_aot.py", "fixed_root", "FIXED_ROOT"): "the fixed build root, under its lock",
     ("kernel_cache/build.py", "build", "run_dir"): "its own mkdtemp in the cache's gen/",
     ("kernel_cache/cli.py", "main", "tmp"): "its own temp sibling",
+    ("kernel_cache/flashkda.py", "cmd_wheel", "work"): "its own mkdtemp beside --out",
     ("kernel_cache/probe.py", "run_probe", "work"): "its own mkdtemp",
     ("patch_gate/gate.py", "run_gate", "scratch"): "its own mkdtemp",
     ("rbe/root.py", "ensure_root", "scratch"): "its own mkdtemp (the set's local repository)",

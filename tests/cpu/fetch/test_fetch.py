@@ -1045,6 +1045,94 @@ def test_git_tree_mismatch(tmp_path: Path, git_origin: GitOrigin) -> None:
         fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "t"])
 
 
+def archived_tree_pin(tmp_path: Path, origin: GitOrigin, **override: Any) -> dict[str, Any]:
+    """A git_tree pin with its archive pinned too (filename + sha256), as add-git-tree writes it."""
+    (tmp_path / "plain").mkdir(exist_ok=True)
+    lock = write_lock(tmp_path / "plain", {"t": tree_pin(origin)})
+    tar = Path(run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "plain" / "c"), "--pin", "t"))
+    return tree_pin(origin, filename="widget-tree.tar", sha256=sha(tar.read_bytes()), **override)
+
+
+def test_archived_git_tree_from_a_local_checkout_fills_a_mirror_that_serves_it_offline(
+        tmp_path: Path, git_origin: GitOrigin) -> None:
+    # The FlashKDA path: a GitHub-only repository that this host reaches only through a mirror
+    # filled from a local clone (`mirror --from-git PIN=CHECKOUT`).
+    pin = archived_tree_pin(tmp_path, git_origin, repository="https://github.invalid/acme/kda")
+    lock = write_lock(tmp_path, {"kda": pin})
+    mirror = tmp_path / "mirror"
+    run_main("mirror", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(mirror), "--from-git",
+             f"kda={git_origin.work}")
+    assert sha((mirror / "widget-tree.tar").read_bytes()) == pin["sha256"]
+    assert (mirror / "git" / "github.invalid" / "acme" / "kda.git").is_dir()
+    tar = Path(run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "fresh"), "--mirror", str(mirror),
+                        "--pin", "kda", "--out", str(tmp_path / "kda.tar"), "--archive"))
+    assert tar == tmp_path / "kda.tar" and sha(tar.read_bytes()) == pin["sha256"]
+    # The bare repository alone serves it too (the tar is rendered again, to the same bytes).
+    (mirror / "widget-tree.tar").unlink()
+    again = Path(run_main("fetch", "--lock", str(lock), "--cache", str(tmp_path / "fresh2"), "--mirror", str(mirror),
+                          "--pin", "kda"))
+    assert sha(again.read_bytes()) == pin["sha256"]
+
+
+def test_archived_git_tree_without_github_or_mirror_is_one_line_saying_how_to_fill_the_mirror(
+        tmp_path: Path, git_origin: GitOrigin) -> None:
+    pin = archived_tree_pin(tmp_path, git_origin, repository=f"file://{tmp_path}/gone/acme/kda.git")
+    lock = write_lock(tmp_path, {"flashkda": pin})
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--mirror", str(tmp_path / "empty"),
+                    "--pin", "flashkda", "--out", str(tmp_path / "out.tar"), "--archive"])
+    message = one_line(e.value)
+    assert message.startswith("pin 'flashkda' (widget-tree.tar) is missing")
+    assert "python3 -m tools.fetch mirror --pin flashkda --mirror DIR" in message
+    assert "--from-git flashkda=CHECKOUT" in message and "only targets built from it need it" in message
+    assert not (tmp_path / "out.tar").exists() and cas_entries(tmp_path / "c") == [] and tmp_entries(tmp_path / "c") == []
+
+
+def test_git_tree_without_archive_missing_everywhere_says_how_to_fill_the_mirror(tmp_path: Path,
+                                                                                git_origin: GitOrigin) -> None:
+    lock = write_lock(tmp_path, {"flashkda-cutlass": tree_pin(git_origin, repository=f"file://{tmp_path}/gone/n/c.git")})
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "flashkda-cutlass"])
+    message = one_line(e.value)
+    assert message.startswith("pin 'flashkda-cutlass' is missing")
+    assert "python3 -m tools.fetch mirror --pin flashkda-cutlass --mirror DIR" in message
+    assert "--from-git flashkda-cutlass=CHECKOUT" in message
+
+
+def test_archived_git_tree_with_another_sha256_is_refused_and_leaves_nothing(tmp_path: Path,
+                                                                           git_origin: GitOrigin) -> None:
+    lock = write_lock(tmp_path, {"t": tree_pin(git_origin, filename="t.tar", sha256="b" * 64)})
+    with pytest.raises(UserError) as e:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "t"])
+    message = one_line(e.value)
+    assert "pin 't': `git archive` of" in message and "expected " + "b" * 64 in message
+    assert "python3 -m tools.fetch mirror --pin t --mirror DIR" in message
+    assert cas_entries(tmp_path / "c") == [] and tmp_entries(tmp_path / "c") == []
+
+
+def test_archived_git_tree_needs_filename_and_sha256_together(tmp_path: Path, git_origin: GitOrigin) -> None:
+    lock = write_lock(tmp_path, {"t": tree_pin(git_origin, sha256="b" * 64)})
+    with pytest.raises(UserError) as e:
+        fetch.main(["verify", "--lock", str(lock)])
+    assert "pin 't': filename is missing: a git_tree pin's archive needs both filename and sha256" in one_line(e.value)
+
+
+def test_archive_flag_is_for_git_tree_pins_only(tmp_path: Path) -> None:
+    lock = write_lock(tmp_path, {"x": good_file_pin()})
+    with pytest.raises(UserError, match="fetch --archive: pin 'x' is a file pin"):
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--pin", "x", "--archive"])
+
+
+def test_add_git_tree_records_tree_and_archive_sha(tmp_path: Path, git_origin: GitOrigin) -> None:
+    lock = write_lock(tmp_path, {})
+    run_main("add-git-tree", "--lock", str(lock), "--cache", str(tmp_path / "c"), "--name", "kda", "--repository",
+             "https://github.invalid/acme/kda", "--commit", git_origin.commit, "--from-git", str(git_origin.work))
+    entry = json.loads(lock.read_text())["pins"]["kda"]
+    assert entry["tree"] == git_origin.commit_tree and entry["filename"] == f"kda-{git_origin.commit[:8]}.tar"
+    expected = archived_tree_pin(tmp_path, git_origin)["sha256"]
+    assert entry["sha256"] == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # mirror command
 

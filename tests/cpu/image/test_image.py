@@ -911,6 +911,39 @@ def test_sbom_lists_pins_and_patches_reproducibly(tmp_path: Path) -> None:
         sbom.read_gate_manifest(bad)
 
 
+def test_sbom_lists_a_built_wheel_with_the_pins_it_is_built_from(tmp_path: Path) -> None:
+    # The kda_prefill=flashkda variant: FlashKDA's wheel, GENERATED_FROM its git_tree pins.
+    lock, gate = tiny_sbom_inputs(tmp_path)
+    data = json.loads(lock.read_text())
+    data["pins"]["kda"] = {"kind": "git_tree", "repository": "https://github.invalid/o/kda", "commit": "1" * 40,
+                           "tree": "2" * 40, "filename": "kda-11111111.tar", "sha256": "e" * 64}
+    data["pins"]["kda-cutlass"] = {"kind": "git_tree", "repository": "https://github.invalid/o/cutlass",
+                                   "commit": "3" * 40, "tree": "4" * 40}
+    lock.write_text(json.dumps(data))
+    wheel = tmp_path / "flash_kda-0.0.1+1111111.sm120a-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel bytes")
+    base = ["--lock", str(lock), "--stack", "tiny", "--gate-manifest", str(gate)]
+    assert sbom.main([*base, "--out", str(tmp_path / "plain.json")]) == 0
+    assert sbom.main([*base, "--built-wheel", f"{wheel}=kda,kda-cutlass", "--out", str(tmp_path / "kda.json")]) == 0
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert "kda" not in {p["name"] for p in plain["packages"]}  # the default image lists no FlashKDA
+    doc = json.loads((tmp_path / "kda.json").read_text())
+    pkgs = {p["name"]: p for p in doc["packages"]}
+    built = pkgs["flash_kda"]
+    assert built["versionInfo"] == "0.0.1+1111111.sm120a" and built["packageFileName"] == wheel.name
+    assert built["checksums"] == [{"algorithm": "SHA256", "checksumValue": hashlib.sha256(b"wheel bytes").hexdigest()}]
+    assert pkgs["kda"]["downloadLocation"] == "git+https://github.invalid/o/kda@" + "1" * 40
+    assert pkgs["kda"]["checksums"] == [{"algorithm": "SHA256", "checksumValue": "e" * 64}]
+    assert "checksums" not in pkgs["kda-cutlass"] and pkgs["kda-cutlass"]["comment"] == "git tree " + "4" * 40
+    generated = {r["relatedSpdxElement"] for r in doc["relationships"]
+                 if r["spdxElementId"] == built["SPDXID"] and r["relationshipType"] == "GENERATED_FROM"}
+    assert generated == {pkgs["kda"]["SPDXID"], pkgs["kda-cutlass"]["SPDXID"]}
+    for bad, expected in ((f"{wheel}", "expected WHEEL=PIN"), (f"{wheel}=kdaa", "pin 'kdaa' is not in the lock")):
+        with pytest.raises(UserError, match=expected):
+            sbom.main([*base, "--built-wheel", bad, "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
 # sha256 of what tools/sbom.py and tools/oci_layer.py wrote for these inputs when the image was
 # first published (before the tools moved into tools/image): moving or refactoring a tool must not
 # change one output byte, or every image digest changes with it.

@@ -112,7 +112,7 @@ def test_the_needs_table_names_only_features_the_probe_knows(tmp_path: Path) -> 
     table["settings"]["moe_runner_backend"]["flashinfer_mxfp4"]["features"] = ["situ-typo"]
     path = tmp_path / "needs.json"
     path.write_text(json.dumps(table))
-    with pytest.raises(UserError, match="feature 'situ-typo' has no probe; known: situ-mxfp4-cutlass"):
+    with pytest.raises(UserError, match="feature 'situ-typo' has no probe; known: flashkda-wheel, situ-mxfp4-cutlass"):
         backend_needs.load_needs(path)
 
 
@@ -610,6 +610,107 @@ def test_verdicts_name_what_the_image_lacks() -> None:
     assert not samp.ok and "--sampling-backend flashinfer needs FlashInfer module sampling" in samp.line
 
 
+# ---------------------------------------------------------------- FlashKDA: the image variant's profile and warning
+
+FLASHKDA_PROFILES = launch_profiles.DEFAULT_PROFILES_DIR / "flashkda"
+FLASHKDA_PROFILE = "kimi-k3-tp32ep32-flashkda"
+
+
+def test_the_flashkda_profile_is_tp32ep32_with_flashkda_prefill_and_its_notes() -> None:
+    loaded = launch_profiles.load_profiles(FLASHKDA_PROFILES)
+    assert sorted(loaded) == [FLASHKDA_PROFILE]
+    # Validated like the shipped profiles: kernel selection known, the guard accepts every pinned Mooncake.
+    launch_profiles.check_profiles(loaded, launch_profiles.DEFAULT_SELECTIONS, launch_profiles.DEFAULT_LOCK)
+    data = loaded[FLASHKDA_PROFILE].data
+    base = json.loads((launch_profiles.DEFAULT_PROFILES_DIR / "kimi-k3-tp32ep32.json").read_text())
+    args = list(data["args"])
+    i = args.index("--linear-attn-prefill-backend")
+    assert args[i + 1] == "flashkda"
+    assert args[:i] + args[i + 2:] == base["args"], "the same deployment as kimi-k3-tp32ep32 but for the KDA prefill"
+    assert {k: data[k] for k in ("checkpoint", "needs", "placeholders", "env")} == \
+        {k: base[k] for k in ("checkpoint", "needs", "placeholders", "env")}
+    notes = " ".join(data["notes"])
+    assert "4 and under 8 concurrent requests" in notes and "2693" in notes and "2695" in notes
+    entrypoint = launch_profiles.load_entrypoint()
+    assert "4 and under 8 concurrent requests" in entrypoint.FLASHKDA_FACTS and "2693 vs 2695" in entrypoint.FLASHKDA_FACTS
+    # Not among the profiles every image ships: only the kda_prefill=flashkda variant carries it.
+    assert FLASHKDA_PROFILE not in launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
+
+
+@pytest.mark.parametrize("args, warns", [
+    (["--model-path", "/m", "--linear-attn-prefill-backend", "flashkda"], True),
+    (["--model-path", "/m", "--linear-attn-prefill-backend=flashkda"], True),
+    (["--model-path", "/m", "--linear-attn-prefill", "flashkda"], True),  # argparse's unique prefix
+    (["--model-path", "/m", "--linear-attn-backend", "flashkda"], True),  # the base backend is the prefill's default
+    (["--model-path", "/m", "--linear-attn-backend", "flashkda", "--linear-attn-prefill-backend", "triton"], False),
+    (["--model-path", "/m", "--linear-attn-backend", "triton"], False),
+    (["--model-path", "/m"], False),
+])
+def test_the_entrypoint_warns_about_flashkda_and_starts_anyway(tmp_path: Path, args: list[str], warns: bool) -> None:
+    proc = run_entrypoint(tmp_path, args, {})
+    assert proc.returncode == 0 and "exec: -m sglang.launch_server " + " ".join(args) in proc.stdout
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    if not warns:
+        assert warning == [], proc.stderr
+        return
+    assert len(warning) == 1, proc.stderr
+    assert warning[0].startswith("warning: the KDA prefill backend is FlashKDA (--linear-attn-prefill-backend flashkda): "
+                                 "it fails under 4 and under 8 concurrent requests (the operators' manual)")
+    assert "prefer --linear-attn-prefill-backend triton" in warning[0] and warning[0].endswith("starting anyway")
+    # This process has no flash_kda: the warning also says which image has it.
+    assert "this image has no flash_kda" in warning[0] and "--//image:kda_prefill=flashkda" in warning[0]
+
+
+def flashkda_site(site: Path, fwd: bool = True) -> Path:
+    """`site` with an installed flash_kda distribution (a stand-in package, no extension)."""
+    info = site / "flash_kda-0.0.1+1ce47ea.sm120a.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_kda\nVersion: 0.0.1+1ce47ea.sm120a\n")
+    (site / "flash_kda").mkdir()
+    (site / "flash_kda" / "__init__.py").write_text("def fwd(*args):\n    pass\n" if fwd else "")
+    return site
+
+
+def test_the_entrypoint_warning_with_flash_kda_installed(tmp_path: Path) -> None:
+    site = flashkda_site(tmp_path / "site")
+    proc = run_entrypoint(tmp_path, ["--model-path", "/m", "--linear-attn-prefill-backend", "flashkda"], {}, site)
+    assert proc.returncode == 0 and "warning: the KDA prefill backend is FlashKDA" in proc.stderr
+    assert "this image has no flash_kda" not in proc.stderr
+
+
+@pytest.mark.parametrize("installed, fwd, why_not", [
+    (False, True, "the image has no flash_kda (FlashKDA): build the image variant with --//image:kda_prefill=flashkda"),
+    (True, False, "flash_kda 0.0.1+1ce47ea.sm120a imports but has no fwd()"),
+    (True, True, None),
+])
+def test_the_flashkda_wheel_probe(tmp_path: Path, installed: bool, fwd: bool, why_not: str | None) -> None:
+    # In a child interpreter: the probe imports flash_kda, which must not stay in this process.
+    site = flashkda_site(tmp_path / "site", fwd) if installed else tmp_path
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tools.image import profile_probe; "
+            "print(json.dumps(profile_probe.FEATURES['flashkda-wheel']()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *sys.path])})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result is None if why_not is None else result.startswith(why_not), result
+
+
+def test_a_flashkda_profile_needs_the_wheel_in_the_image() -> None:
+    cache = image_caches.kernel_cache_of_plan(PYPI_PLAN)
+    table = backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
+    profile = launch_profiles.load_profiles(FLASHKDA_PROFILES)[FLASHKDA_PROFILE]
+    result = {**ok_result(FLASHKDA_PROFILE), "values": {**ok_result("x")["values"], "linear_attn_prefill_backend": "flashkda"},
+              "flags": {**ok_result("x")["flags"], "linear_attn_prefill_backend": "--linear-attn-prefill-backend"}}
+    missing = "the image has no flash_kda (FlashKDA): build the image variant with --//image:kda_prefill=flashkda"
+    (bad,) = profile_verdicts.judge([profile], {FLASHKDA_PROFILE: result},
+                                    {"situ-mxfp4-cutlass": None, "flashkda-wheel": missing}, cache, table, SGLANG_PYPI)
+    assert not bad.ok and bad.line == (f"profile {FLASHKDA_PROFILE} ({FLASHKDA_PROFILE}.json): --linear-attn-prefill-backend "
+                                       f"flashkda needs flashkda-wheel: {missing}")
+    (good,) = profile_verdicts.judge([profile], {FLASHKDA_PROFILE: result},
+                                     {"situ-mxfp4-cutlass": None, "flashkda-wheel": None}, cache, table, SGLANG_PYPI)
+    assert good.ok and "flashkda-wheel" in good.line
+
+
 @pytest.mark.parametrize("result,line", [
     ({"ok": False, "stage": "parse", "step": None, "error": "unrecognized arguments: --tp 4"},
      f"SGLang {SGLANG_PYPI} rejects its arguments: unrecognized arguments: --tp 4"),
@@ -630,8 +731,8 @@ def test_the_request_describes_the_image_target() -> None:
     loaded = launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
     table = backend_needs.load_needs(launch_profiles.DEFAULT_NEEDS)
     request = profile_verdicts.probe_request(list(loaded.values()), table, cache, "/e", "/p", "/c")
-    assert request["gpu_capability"] == [12, 0] and request["features"] == ["situ-mxfp4-cutlass"]
-    assert "moe_runner_backend" in request["settings"]
+    assert request["gpu_capability"] == [12, 0] and request["features"] == ["flashkda-wheel", "situ-mxfp4-cutlass"]
+    assert "moe_runner_backend" in request["settings"] and "linear_attn_prefill_backend" in request["settings"]
     with pytest.raises(UserError, match="backend_needs.json is for arch '12.0f', the image's kernel cache for '9.0a'"):
         profile_verdicts.probe_request([], table, image_caches.KernelCache("t", "9.0a", "gpu-test-sm90", {}), "/e", "/p", "/c")
 

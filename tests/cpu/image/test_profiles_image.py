@@ -39,6 +39,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 SM120_PROFILES = ["kimi-k3-pd-decode", "kimi-k3-pd-prefill", "kimi-k3-tp32ep32"]
 SM90_PROOF = "kimi-k3-h200-proof"
 SHIPPED = sorted([*SM120_PROFILES, SM90_PROOF])
+# The kda_prefill=flashkda variant's own profiles (image/profiles/flashkda/), shipped only there.
+FLASHKDA_DIR = Path(__file__).resolve().parents[3] / "image" / "profiles" / "flashkda"
+FLASHKDA_PROFILES = sorted(p.stem for p in FLASHKDA_DIR.glob("*.json"))
 
 
 def single(var: str) -> Path:
@@ -78,11 +81,18 @@ def check(image: tuple[Path, list[str]], names: list[str] = (), profiles_dir: Pa
 def test_the_image_ships_the_profiles_and_they_pass(image: tuple[Path, list[str]]) -> None:
     rootfs, _ = image
     shipped = image_rootfs.inside(rootfs, launch_profiles.PROFILES_IMAGE_PATH)
-    assert sorted(p.name for p in shipped.iterdir()) == [f"{n}.json" for n in SHIPPED]
+    names = sorted(p.stem for p in shipped.iterdir())
+    variant = FLASHKDA_PROFILES if (shipped / f"{FLASHKDA_PROFILES[0]}.json").exists() else []
+    assert names == sorted(SHIPPED + variant)
     for name in SHIPPED:
         assert (shipped / f"{name}.json").read_bytes() == (launch_profiles.DEFAULT_PROFILES_DIR / f"{name}.json").read_bytes()
+    for name in variant:
+        assert (shipped / f"{name}.json").read_bytes() == (FLASHKDA_DIR / f"{name}.json").read_bytes()
     verdicts = check(image)
-    assert sorted(verdicts) == SHIPPED
+    assert sorted(verdicts) == names
+    for name in variant:  # the flashkda variant: SGLang resolved it, and flash_kda imports in the image
+        v = verdicts.pop(name)
+        assert v.ok and "guard accepts" in v.line and "flashkda-wheel" in v.line, v.line
     proof = verdicts.pop(SM90_PROOF)
     assert not proof.ok and "needs kernel selection gpu-test-sm90" in proof.line, proof.line
     failed = [v.line for v in verdicts.values() if not v.ok]

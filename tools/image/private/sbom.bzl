@@ -15,6 +15,12 @@ def _sbom_impl(ctx):
         args.add("--debian-lock", ctx.file.debian_lock)
         args.add("--debian-set", ctx.attr.debian_set)
         inputs.append(ctx.file.debian_lock)
+    for wheel, pins in ctx.attr.built_wheels.items():
+        files = wheel[DefaultInfo].files.to_list()
+        if len(files) != 1:
+            fail("built_wheels: %s gives %d files; give one wheel" % (wheel.label, len(files)))
+        args.add("--built-wheel", "%s=%s" % (files[0].path, pins))
+        inputs.append(files[0])
     run_tool(ctx, "image.sbom", args, inputs, [out], "Sbom", "Writing the SBOM %{label}")
     return [DefaultInfo(files = depset([out]))]
 
@@ -27,6 +33,7 @@ sbom = rule(
         "debian_lock": attr.label(allow_single_file = True, doc = "the base layer's set, e.g. @debian_image_base//:lock"),
         "debian_set": attr.string(doc = "the set's name (with debian_lock)"),
         "source_date_epoch": attr.string(mandatory = True),
+        "built_wheels": attr.label_keyed_string_dict(doc = "wheels this project builds from pins -> those pins, comma-separated (an image variant's FlashKDA)"),
     },
     toolchains = PY_TOOLCHAIN,
 )

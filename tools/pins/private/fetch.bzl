@@ -57,11 +57,14 @@ def tool_env(rctx):
 def tool_python(rctx):
     return rctx.os.environ.get("KIMI_K3_PYTHON", "") or "python3.11"
 
-def fetch_pin_file(rctx, lock, pin, out):
+def fetch_pin_file(rctx, lock, pin, out, archive = False):
     """Fetch `pin` of the lock file `lock` (a path in the repository) to `out`, or fail with the
-    fetcher's one-line error naming the pin and the fix."""
+    fetcher's one-line error naming the pin and the fix. `archive`: a git_tree pin's tar is placed
+    as one file (an action unpacks it), not unpacked into a source directory."""
     watch_python_sources(rctx)
     args = [tool_python(rctx), "-m", "tools.fetch", "fetch", "--lock", lock, "--pin", pin, "--out", out]
+    if archive:
+        args.append("--archive")
     rctx.report_progress("fetching pin %s" % pin)
     res = rctx.execute(args, environment = tool_env(rctx), timeout = 7200, quiet = False)
     if res.return_code != 0:

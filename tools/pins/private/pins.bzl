@@ -5,7 +5,8 @@ fetch, verification, cache and mirror logic is tools/fetch (tested on its own), 
 repository rule runs with the interpreter named by KIMI_K3_PYTHON. Each repository watches the
 Python sources of the packages that command imports, so a changed tool re-runs it.
 
-Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`). Each pin gets only
+Each pin repository holds `file/<filename>` (target `@pins//:<pin name>`; for a `git_tree` pin
+its canonical tar, which is only fetched when a target built from it is). Each pin gets only
 its own entry of the lock (as a one-pin lock written into its repository), so editing one pin
 re-fetches that pin alone. The hub repository `@pins` has:
   //:<pin name>        the verified file of a pin
@@ -14,6 +15,7 @@ re-fetches that pin alone. The hub repository `@pins` has:
   //stack:<role>_pin   the pin name for that role, as a one-line text file
   //stack:wheels_torch, //stack:wheels_rest
                        the stack's `wheels` closure split for the image's layers (see below)
+  //:git_pins.bzl      GIT_PINS: each git pin's repository and commit (output names that follow a pin)
   //:stacks.bzl        every per-stack fact BUILD files need, so that a stack added to the lock
                        (with its series files) needs no Starlark edit (tools/pins/defs.bzl loads it):
                          STACKS         the lock's stack names (the values of --//third_party:stack)
@@ -42,7 +44,7 @@ def _repo_name(pin):
 
 def _pinned_file_impl(rctx):
     rctx.file("pin.lock.json", rctx.attr.pin_json)
-    fetch_pin_file(rctx, "pin.lock.json", rctx.attr.pin, "file/" + rctx.attr.filename)
+    fetch_pin_file(rctx, "pin.lock.json", rctx.attr.pin, "file/" + rctx.attr.filename, archive = rctx.attr.archive)
     rctx.file("file/BUILD.bazel", 'exports_files(["{f}"])\nfilegroup(name = "file", srcs = ["{f}"], visibility = ["//visibility:public"])\n'.format(f = rctx.attr.filename))
     rctx.file("BUILD.bazel", "")
 
@@ -52,6 +54,7 @@ _pinned_file = repository_rule(
         "pin": attr.string(mandatory = True),
         "pin_json": attr.string(mandatory = True),
         "filename": attr.string(mandatory = True),
+        "archive": attr.bool(doc = "a git_tree pin: its tar, not its files"),
     },
     environ = FETCH_ENVIRON,
 )
@@ -95,7 +98,7 @@ def _wheel_groups(lock, stacks):
 
 def _hub_impl(rctx):
     lock = json.decode(rctx.attr.lock_json)
-    build = ['package(default_visibility = ["//visibility:public"])', "", 'exports_files(["stacks.bzl"])', ""]
+    build = ['package(default_visibility = ["//visibility:public"])', "", 'exports_files(["stacks.bzl", "git_pins.bzl"])', ""]
     for pin in sorted(lock["pins"].keys()):
         build.append('alias(name = "%s", actual = "@%s//file")' % (pin, _repo_name(pin)))
     rctx.file("BUILD.bazel", "\n".join(build) + "\n")
@@ -123,6 +126,13 @@ def _hub_impl(rctx):
     rctx.file("stack/BUILD.bazel", "\n".join(sbuild) + "\n")
 
     rctx.file("stacks.bzl", stacks_bzl(stack_facts(lock, json.decode(rctx.attr.patched_json))))
+
+    # The git pins' ids, for targets whose output names follow a pin (FlashKDA's wheel version).
+    git_pins = {}
+    for pin, spec in sorted(lock["pins"].items()):
+        if spec["kind"] in ["git_diff", "git_tree"]:
+            git_pins[pin] = {"repository": spec["repository"], "commit": spec["commit"]}
+    rctx.file("git_pins.bzl", "# Generated from third_party/pins.lock.json by the pins extension.\nGIT_PINS = %s\n" % json.encode_indent(git_pins))
 
 _hub = repository_rule(
     implementation = _hub_impl,
@@ -161,6 +171,7 @@ def _pins_impl(mctx):
                     name = _repo_name(pin),
                     pin = pin,
                     filename = spec.get("filename", pin),
+                    archive = spec["kind"] == "git_tree",
                     pin_json = json.encode_indent({"schema_version": lock.get("schema_version", 1), "pins": {pin: spec}, "stacks": {}}),
                 )
             _hub(name = "pins", lock_json = text, patched_json = json.encode(patched))
