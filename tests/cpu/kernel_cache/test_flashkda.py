@@ -8,6 +8,7 @@ import csv
 import hashlib
 import io
 import json
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -271,3 +272,7 @@ def test_checked_in_config_names_the_locks_git_tree_pins() -> None:
     assert set(config["archs"]) == {"9.0a", "12.0a"}
     assert not any(config["pin"] in s.pin_names() or config["cutlass_pin"] in s.pin_names()
                    for s in lock.stacks.values()), "the default image must not need FlashKDA's pins"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -7,8 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 from tests.cpu.conftest import env_path
 from tools.kernel_cache import flashkda
@@ -44,3 +47,7 @@ def test_the_extension_is_sm90a_names_torchs_libraries_and_no_build_path() -> No
         assert lib.encode() + b"\0" in so, f"no DT_NEEDED string {lib}"
     for marker in (b"/sandbox/", b"execroot", b"bazel-out", b"/tmp/"):
         assert marker not in so, f"the extension names a build path ({marker.decode()})"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
