@@ -1,7 +1,7 @@
 """The four times a newcomer meets, with their goals (not a test: it drives Bazel itself).
 
     python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main,second-push,verify]
-                           [--record docs/measurements/YYYY-MM-DD.md] [--keep]
+                           [--record docs/measurements/YYYY-MM-DD.md] [--keep] [--profiles]
 
 Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 
@@ -23,7 +23,8 @@ each Bazel server and removes each output root when its figures are done (--keep
 Needs the disk room of one output root of the image and its disk cache (tens of GB): each
 figure's output root and disk cache are removed when the figures that need them are done. The
 main job leaves the local registry running, as it does for users (`python3 -m tools.image.push
---stop-local-registry` stops it); the registry may already hold some blobs.
+--stop-local-registry` stops it); the registry may already hold some blobs. --profiles takes a
+Bazel profile of each cold command and adds its top 15 actions and tests (tools/bench/profile.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tools.bench.profile import report as profile_report
 from tools.bench.runs import clone, machine, run, shutdown
 from tools.common.errors import UserError, run_cli
 
@@ -116,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(FIGURES), help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--record", type=Path, help="append the table to this measurements file")
     p.add_argument("--keep", action="store_true", help="keep the clones and output roots")
+    p.add_argument("--profiles", action="store_true",
+                   help="take a Bazel profile of cold-tests and cold-main and print their top 15 actions")
     args = p.parse_args(argv)
     only = [f for f in args.only.split(",") if f]
     unknown = sorted(set(only) - set(FIGURES))
@@ -127,6 +131,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                             text=True, check=True).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="kimi-k3-bench."))
     figures: list[Figure] = []
+    profiles: list[str] = []
+
+    def with_profile(figure: str, clone_dir: Path) -> None:
+        # user.bazelrc (git-ignored, read after .bazelrc) reaches the README's command unchanged;
+        # the file is in the clone because Bazel runs in the sealed root, which mounts the
+        # workspace at its own path but not the bench's work directory.
+        if args.profiles and figure in ("cold-tests", "cold-main"):
+            (clone_dir / "user.bazelrc").write_text(
+                f"common --profile={clone_dir / 'bench.profile.gz'}\n"
+                "common --experimental_profile_include_target_label\ncommon --noslim_profile\n")
+
+    def read_profile(figure: str, clone_dir: Path) -> None:
+        path = clone_dir / "bench.profile.gz"
+        if args.profiles and path.is_file():
+            profiles.append(f"### {figure}: the top actions and tests (`python3 -m tools.bench.profile`)\n\n"
+                            + profile_report(path, 15, "target"))
+
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_BAZEL_OUTPUT_ROOT", "KIMI_K3_DISK_CACHE"))}
 
     def env_for(name: str, disk: str) -> dict[str, str]:
@@ -146,8 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if figure == "second-clone" and not {"second-clone", "warm-noop"} & set(only):
                     break
                 clone(work / name)
+                with_profile(figure, work / name)
                 env = env_for(name, "tests")
                 rc, secs, out = run(["bash", ".ci/run"], work / name, env, work / f"{name}.log")
+                read_profile(figure, work / name)
                 if figure in only:
                     figures.append(Figure(figure, "bash .ci/run", secs, rc, tests_detail(out),
                                           f"<= {GOALS[figure] // 60} min", rc == 0 and secs <= GOALS[figure]))
@@ -162,8 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if figure not in only:
                 continue
             clone(work / name)
+            with_profile(figure, work / name)
             env = env_for(name, name)
             rc, secs, out = run(cmd, work / name, env, work / f"{name}.log")
+            read_profile(figure, work / name)
             goal, met = "", None
             if figure == "kernel-cache":
                 reference = secs
@@ -176,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             drop(name, env, name)
     finally:
         if figures:
-            text = table(figures, commit)
+            text = "\n".join([table(figures, commit)] + profiles)
             print(text)
             if args.record:
                 with open(args.record, "a") as f:
