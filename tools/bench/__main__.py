@@ -138,9 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the file is in the clone because Bazel runs in the sealed root, which mounts the
         # workspace at its own path but not the bench's work directory.
         if args.profiles and figure in ("cold-tests", "cold-main"):
+            # For the measured command only (`test` or `run`): another command, even `info`, would
+            # write its own profile over it.
+            cmd = "test" if figure == "cold-tests" else "run"
             (clone_dir / "user.bazelrc").write_text(
-                f"common --profile={clone_dir / 'bench.profile.gz'}\n"
-                "common --experimental_profile_include_target_label\ncommon --noslim_profile\n")
+                f"{cmd} --profile={clone_dir / 'bench.profile.gz'}\n"
+                f"{cmd} --experimental_profile_include_target_label\n{cmd} --noslim_profile\n")
 
     def read_profile(figure: str, clone_dir: Path) -> None:
         path = clone_dir / "bench.profile.gz"

@@ -75,3 +75,7 @@ def test_a_bad_profile_is_one_line(tmp_path: Path, content: bytes | None, says: 
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and says in proc.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
