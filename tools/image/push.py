@@ -42,7 +42,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -55,6 +54,7 @@ from typing import Callable, Sequence
 from tools.common import credentials
 from tools.common.cliargs import named_paths
 from tools.common.errors import UserError, run_cli
+from tools.common.files import scratch_dir
 from tools.image import attest, signing
 from tools.image.image_contents import default_repository_path, kernel_selection, print_contents
 from tools.image.layout import blob_path, read_index_manifest, sha256_digest
@@ -115,7 +115,8 @@ def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Pat
     if attestations is not None:
         attest.signer_keys(attestations.signer)  # a bad key stops the push before any upload
     turn = local_push_lock(local_root, repo) if local_root is not None else nullcontext()
-    with tempfile.TemporaryDirectory(prefix="kimi-k3-push.") as tmp, turn:
+    # The credentials' auth file: scratch_dir removes what a killed earlier push left.
+    with scratch_dir("kimi-k3-push.") as tmp, turn:
         creds = resolve_credentials(repo, authfile, Path(tmp))
         client = RegistryClient(repo, creds)
         try:

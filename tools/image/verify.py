@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from tools.common import credentials
 from tools.common.errors import UserError, run_cli
+from tools.common.files import scratch_dir
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.image import attest, layout, registry_client, signing
 
@@ -180,7 +181,9 @@ def verify(reference: str, key: Path, checkout: Path, authfile: Path | None = No
         raise UserError(f"--key {key}: no such file; pass the PREFIX.pub of the signing key{signing.BIND_HINT}")
     signing.load_public_key(key)
     report = Report()
-    with tempfile.TemporaryDirectory(prefix="kimi-k3-verify.") as tmp:
+    # The pull (gigabytes) and the credentials' auth file: scratch_dir removes what a killed
+    # earlier verify left.
+    with scratch_dir("kimi-k3-verify.") as tmp:
         creds = registry_client.resolve_credentials(repo, authfile, Path(tmp))
         registry = attest.Registry(repo, creds, Path(tmp))
         raw = registry.manifest(suffix)
