@@ -26,7 +26,7 @@ and so is a `--config` file, which only SGLang's parser reads.
 
 FlashKDA (`--linear-attn-prefill-backend flashkda`, the image variant --//image:kda_prefill=flashkda):
 the entrypoint warns, and starts the server anyway, when SGLang will prefill KDA layers with it
-(the facts in FLASHKDA_FACTS, image/README.md "The FlashKDA warning"). The arguments are read as
+(what FLASHKDA_KNOWN_ISSUES says, image/README.md "The FlashKDA warning"). The arguments are read as
 for the Mooncake guard: with SGLang's parser when an argument could name the option.
 
 Launch profiles (image/profiles/, shipped in /usr/share/kimi-k3/profiles): `--profile NAME` starts
@@ -95,7 +95,7 @@ KDA_JUDGED = {"--linear-attn-prefill-backend": ("linear_attn_prefill_backend", N
 # What is known against FlashKDA as the KDA prefill backend, from the operators' manual: why the
 # entrypoint warns (it does not refuse: the backend works at low concurrency, and choosing it is
 # the operator's call).
-FLASHKDA_FACTS = ("it fails under 4 and under 8 concurrent requests (the operators' manual), and it is no faster "
+FLASHKDA_KNOWN_ISSUES = ("it fails under 4 and under 8 concurrent requests (the operators' manual), and it is no faster "
                   "than SGLang's Triton KDA (16K-token prefill: 2693 vs 2695 tok/s)")
 FLASHKDA_DISTRIBUTION = "flash_kda"
 
@@ -319,7 +319,7 @@ def flashkda_warning(args: Sequence[str], installed: bool | None = None) -> str 
     have = flashkda_installed() if installed is None else installed
     missing = "" if have else ("; and this image has no flash_kda, so SGLang will fail to load it: use the image "
                                "built with --//image:kda_prefill=flashkda")
-    return (f"warning: the KDA prefill backend is FlashKDA (--linear-attn-prefill-backend flashkda): {FLASHKDA_FACTS}; "
+    return (f"warning: the KDA prefill backend is FlashKDA (--linear-attn-prefill-backend flashkda): {FLASHKDA_KNOWN_ISSUES}; "
             f"prefer --linear-attn-prefill-backend triton, which is as fast{missing}; starting anyway")
 
 

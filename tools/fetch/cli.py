@@ -246,14 +246,7 @@ def cmd_add_git_diff(ctx: Context, args: argparse.Namespace) -> int:
             "parent": parent, "parent_tree": fetch_git.tree_of(cache_repo, parent),
             "filename": args.filename or f"{args.name}-{args.commit[:8]}.diff", "sha256": sha256,
         }
-    if args.description:
-        entry["description"] = args.description
-    raw = lockfile.read_raw(ctx.lock.path)
-    raw.setdefault("pins", {})[args.name] = entry
-    lockfile.write(ctx.lock.path, raw)
-    print(f"{args.name}: {entry['filename']} sha256 {sha256}", file=sys.stderr)
-    print(args.name)
-    return 0
+    return write_git_pin(ctx, args, entry, f"sha256 {sha256}")
 
 
 def cmd_add_git_tree(ctx: Context, args: argparse.Namespace) -> int:
@@ -281,12 +274,17 @@ def cmd_add_git_tree(ctx: Context, args: argparse.Namespace) -> int:
     ctx.cache.record_tree(tree, sha256)
     entry = {"kind": "git_tree", "repository": args.repository, "commit": args.commit, "tree": tree,
              "filename": args.filename or f"{args.name}-{args.commit[:8]}.tar", "sha256": sha256}
+    return write_git_pin(ctx, args, entry, f"tree {tree} sha256 {sha256}")
+
+
+def write_git_pin(ctx: Context, args: argparse.Namespace, entry: dict, summary: str) -> int:
+    """add-git-diff's and add-git-tree's last step: the entry (with --description) into the lock."""
     if args.description:
         entry["description"] = args.description
     raw = lockfile.read_raw(ctx.lock.path)
     raw.setdefault("pins", {})[args.name] = entry
     lockfile.write(ctx.lock.path, raw)
-    print(f"{args.name}: {entry['filename']} tree {tree} sha256 {sha256}", file=sys.stderr)
+    print(f"{args.name}: {entry['filename']} {summary}", file=sys.stderr)
     print(args.name)
     return 0
 

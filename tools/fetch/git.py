@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.parse
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from tools.common.errors import UserError
 from tools.common.hashing import sha256_file
@@ -166,6 +166,19 @@ def git_pin_missing(pin: GitDiffPin | GitTreePin, failures: Sequence[str]) -> Us
 
 def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], timeout: float,
                        from_git: str | None = None) -> Path:
+    wanted = [(pin.commit, pin.commit_tree, "commit_tree"), (pin.parent, pin.parent_tree, "parent_tree")]
+    return fetch_rendered_pin(
+        pin, cache, mirrors, from_git, wanted,
+        lambda repo, out: write_canonical_diff(repo, pin.parent, pin.commit, out),
+        f"canonical diff {pin.parent[:12]}..{pin.commit[:12]} generated", "trees matched", "diffs")
+
+
+def fetch_rendered_pin(pin: GitDiffPin | GitTreePin, cache: Cache, mirrors: Sequence[Path], from_git: str | None,
+                       wanted: list[tuple[str, str, str]], render: Callable[[Path, IO[bytes]], None],
+                       rendered: str, matched: str, kind: str) -> Path:
+    """A pin whose sha256 is of bytes git renders from commits (a diff, an archive): the cache,
+    else `<mirror>/<filename>`, else the commits (checked against their tree ids) rendered here
+    and refused when this git renders other bytes. `rendered`, `matched`, `kind` word that error."""
     what = f"pin '{pin.name}'"
     hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
     if hit:
@@ -182,18 +195,16 @@ def fetch_git_diff_pin(pin: GitDiffPin, cache: Cache, mirrors: Sequence[Path], t
                     return from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, None, mirror / pin.filename)
                 except SourceFailed as e:
                     note_failure(pin.name, e, failures)
-        wanted = [(pin.commit, pin.commit_tree, "commit_tree"), (pin.parent, pin.parent_tree, "parent_tree")]
         cache_repo = ensure_commits(cache, pin.name, pin.repository, wanted, mirrors, from_git, failures)
         if cache_repo is None:
             raise git_pin_missing(pin, failures)
         with cache.temp_file(pin.sha256) as (tmp, out):
-            write_canonical_diff(cache_repo, pin.parent, pin.commit, out)
+            render(cache_repo, out)
             actual = sha256_file(tmp)
             if actual != pin.sha256:
-                raise UserError(f"pin '{pin.name}': canonical diff {pin.parent[:12]}..{pin.commit[:12]} generated "
-                                f"by {git_version()} has sha256 {actual}, expected {pin.sha256}; the trees matched, so "
-                                "this git renders diffs differently: fill a mirror file with "
-                                f"`{FILL_MIRROR_HINT.format(pin=pin.name)}` on a host whose git matches")
+                raise UserError(f"pin '{pin.name}': {rendered} by {git_version()} has sha256 {actual}, expected "
+                                f"{pin.sha256}; the {matched}, so this git renders {kind} differently: fill a "
+                                f"mirror file with `{FILL_MIRROR_HINT.format(pin=pin.name)}` on a host whose git matches")
             return cache.commit(tmp, pin.sha256)
 
 
@@ -240,39 +251,11 @@ def fetch_git_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], t
 
 
 def fetch_archived_tree_pin(pin: GitTreePin, cache: Cache, mirrors: Sequence[Path], from_git: str | None) -> Path:
-    what = f"pin '{pin.name}'"
-    hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
-    if hit:
-        return hit
-    failures: list[str] = []
-    with cache.locked(pin.sha256):
-        hit = cache.verified_entry(pin.sha256, what, evict_command(pin))
-        if hit:
-            return hit
-        cache.clean_stale_temps(pin.sha256)
-        if not from_git:
-            for mirror in mirrors:
-                try:
-                    entry = from_mirror_file(cache, pin.sha256, pin.name, pin.sha256, None, mirror / pin.filename)
-                    cache.record_tree(pin.tree, pin.sha256)
-                    return entry
-                except SourceFailed as e:
-                    note_failure(pin.name, e, failures)
-        cache_repo = ensure_commits(cache, pin.name, pin.repository, [(pin.commit, pin.tree, "tree")], mirrors,
-                                    from_git, failures)
-        if cache_repo is None:
-            raise git_pin_missing(pin, failures)
-        with cache.temp_file(pin.sha256) as (tmp, out):
-            write_canonical_archive(cache_repo, pin.commit, out)
-            actual = sha256_file(tmp)
-            if actual != pin.sha256:
-                raise UserError(f"pin '{pin.name}': `git archive` of {pin.commit[:12]} by {git_version()} has sha256 "
-                                f"{actual}, expected {pin.sha256}; the tree matched, so this git renders archives "
-                                f"differently: fill a mirror file with `{FILL_MIRROR_HINT.format(pin=pin.name)}` on "
-                                "a host whose git matches")
-            entry = cache.commit(tmp, pin.sha256)
-        cache.record_tree(pin.tree, pin.sha256)
-        return entry
+    entry = fetch_rendered_pin(pin, cache, mirrors, from_git, [(pin.commit, pin.tree, "tree")],
+                               lambda repo, out: write_canonical_archive(repo, pin.commit, out),
+                               f"`git archive` of {pin.commit[:12]}", "tree matched", "archives")
+    cache.record_tree(pin.tree, pin.sha256)
+    return entry
 
 
 def mirror_git_repo(cache: Cache, repository: str, commits: Sequence[str], mirror: Path) -> Path:

@@ -632,7 +632,7 @@ def test_the_flashkda_profile_is_tp32ep32_with_flashkda_prefill_and_its_notes() 
     notes = " ".join(data["notes"])
     assert "4 and under 8 concurrent requests" in notes and "2693" in notes and "2695" in notes
     entrypoint = launch_profiles.load_entrypoint()
-    assert "4 and under 8 concurrent requests" in entrypoint.FLASHKDA_FACTS and "2693 vs 2695" in entrypoint.FLASHKDA_FACTS
+    assert "4 and under 8 concurrent requests" in entrypoint.FLASHKDA_KNOWN_ISSUES and "2693 vs 2695" in entrypoint.FLASHKDA_KNOWN_ISSUES
     # Not among the profiles every image ships: only the kda_prefill=flashkda variant carries it.
     assert FLASHKDA_PROFILE not in launch_profiles.load_profiles(launch_profiles.DEFAULT_PROFILES_DIR)
 
