@@ -270,12 +270,13 @@ def _report_errors(result: dict[str, Any], modules_file: Path, stack: str, total
 
 def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site_trees: Sequence[Path],
                  site_packages: str, cuda_home: str, userland: str, out: Path,
-                 runtime_file: Path | None = None) -> int:
+                 runtime_file: Path | None = None, reuse: Path | None = None) -> int:
     from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, real_roots
 
     capability, device_name, target = _arch(arch)
     entries = load_modules(modules_file, stack)
     runtime = load_runtime(runtime_file)
+    reused = load_reused(reuse, stack, arch) if reuse else None
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-jit-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -309,9 +310,18 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
             "prefix_maps": prefix_maps,
             "scratch": str(scratch / "worker"),
             "runtime": runtime,
+            # Paths of this run the build file names besides the prefix maps' (compile_sha256).
+            "compile_id_maps": [[str(scratch), "/kimi-k3/scratch"]] +
+                               ([[str(wrappers), "/kimi-k3/cc-wrappers"]] if wrappers else []),
         }
-        log(f"stack {stack}, arch {arch}: building {len(entries)} SGLang JIT module(s) through "
-            f"SGLang's load_jit (nvcc {tc.nvcc_version_text}, {tc.cxx_version})")
+        if reused is not None:
+            request["reuse"] = {"cache": str(reuse), "modules": {
+                m["module"]: {"leaf": m["leaf"], "compile_sha256": m["compile_sha256"]} for m in reused["modules"]}}
+        log(f"stack {stack}, arch {arch}: " + (
+            f"keying {len(entries)} SGLang JIT module(s) through SGLang's load_jit, each reusing "
+            f"{reuse}'s compile once its build file is proven the same" if reused is not None else
+            f"building {len(entries)} SGLang JIT module(s) through SGLang's load_jit (nvcc "
+            f"{tc.nvcc_version_text}, {tc.cxx_version})"))
         result = image.run_worker(request, {"SGLANG_JIT_CACHE_DIR": str(cache_dir),
                                             **_runtime_env(runtime)}, "build-sglang")
         _report_errors(result, modules_file, stack, len(entries), "build-sglang",
@@ -319,7 +329,7 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
         if result["target"] != target:
             raise UserError(f"build-sglang: SGLang keyed the modules for {result['target']}, not "
                             f"{target} ({arch}); the stand-in device did not take")
-        manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps, runtime)
+        manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps, runtime, reused)
         with dir_replaced_atomically(out, "--out", tool=None) as tmp:
             # Of each leaf only what SGLang reads back: sgl_deps.json and the module (the
             # staging's objects, depfiles and ninja log hold build paths and times).
@@ -330,7 +340,7 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
                     shutil.copyfile(cache_dir / m["leaf"] / name, leaf / name)
                     (leaf / name).chmod(0o755 if name.endswith(".so") else 0o644)
             (tmp / MANIFEST).write_bytes(review_json(manifest))
-    log(f"built {len(manifest['modules'])} module(s) for {target} in "
+    log(f"{'keyed' if reused else 'built'} {len(manifest['modules'])} module(s) for {target} in "
         f"{time.monotonic() - t0:.0f} s; wrote {out}")
     return 0
 
@@ -398,8 +408,25 @@ def _fixed(path: str, prefix_maps: Sequence[Sequence[str]]) -> str:
     return path
 
 
+def load_reused(cache: Path, stack: str, arch: str) -> dict[str, Any]:
+    """The manifest of a cache whose compiles a build for another runtime reuses: the same stack
+    and arch, built with compile ids (a cache from before them is rebuilt, not trusted)."""
+    try:
+        manifest = json.loads((cache / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--reuse {cache}: no readable {MANIFEST} ({e}); pass the output of "
+                        "build-sglang") from None
+    check_built_for(manifest, cache, stack, arch)
+    if any("compile_sha256" not in m for m in manifest["modules"]):
+        raise UserError(f"--reuse {cache}: its modules carry no compile_sha256 (built by an older "
+                        "build-sglang); rebuild it")
+    return manifest
+
+
 def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc: Any,
-              prefix_maps: Sequence[Sequence[str]], runtime: dict[str, Any] | None) -> dict[str, Any]:
+              prefix_maps: Sequence[Sequence[str]], runtime: dict[str, Any] | None,
+              reused: dict[str, Any] | None = None) -> dict[str, Any]:
+    reused_by_module = {m["module"]: m for m in (reused or {}).get("modules", [])}
     modules = []
     for m in result["modules"]:
         so = Path(m["so"])
@@ -412,9 +439,12 @@ def _manifest(stack: str, arch: str, result: dict[str, Any], cache_dir: Path, tc
             "build_key": m["build_key"],
             "leaf": str(rel.parent),
             "so_sha256": sha256_file(so),
+            "compile_sha256": m["compile_sha256"],
             "dependencies": len(m["dependencies"]),
-            "toolchain_dependencies": sorted({_fixed(p, prefix_maps) for p in m["toolchain_dependencies"]}),
-        })
+            # A reused compile ran no depfile scan here: the compile's own list.
+            "toolchain_dependencies": (reused_by_module[m["module"]]["toolchain_dependencies"] if m["reused"] else
+                                       sorted({_fixed(p, prefix_maps) for p in m["toolchain_dependencies"]})),
+        } | ({"reused": True} if m["reused"] else {}))
     modules.sort(key=lambda m: (m["module"], m["build_key"]))
     return {
         "schema_version": SCHEMA_VERSION,
@@ -450,10 +480,13 @@ def add_sglang_commands(sub: Any) -> None:
     bs.add_argument("--userland", required=True, help="the pinned compiler userland (@kimi_cxx_userland)")
     bs.add_argument("--runtime", type=Path, help="key for another runtime: a JSON file with a "
                     f"{RUNTIME_KEY} object (tools/gpu_suite/gpu_host.json)")
+    bs.add_argument("--reuse", type=Path, help="another build-sglang output of the same stack, arch "
+                    "and modules (keyed for the image) whose compiles to reuse: with --runtime, only "
+                    "the keys differ, and each module's build file is proven the same")
     bs.add_argument("--out", type=Path, required=True)
     bs.set_defaults(func=lambda a: build_sglang(a.stack, a.arch, a.modules, a.base_tar, a.site_tree,
                                                 a.site_packages, a.cuda_home, a.userland, a.out,
-                                                a.runtime))
+                                                a.runtime, a.reuse))
     cs = sub.add_parser("check-sglang", help="SGLang's own loader finds and loads every built module, no compiler reachable")
     for flag in ("--stack", "--arch"):
         cs.add_argument(flag, required=True)

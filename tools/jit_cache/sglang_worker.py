@@ -28,18 +28,29 @@ only (importlib.metadata) and no module compiles against (torch, nvidia-mathdx, 
 absent there), and the caller starts this worker with that runtime's CUDA_HOME. Nothing else of the
 key changes: the sources, headers and build file are the image's.
 
+Reused compiles (request "reuse": a cache built by this worker for the same arch and modules,
+keyed for another runtime): the module's compile is the same, only its key differs, so the
+compile is not run again. The build file this spec compiles with the pinned toolchain is compared
+with the one the reused module was compiled from (compile_sha256: its text with every build path
+mapped to a fixed one); only an equal one reuses that .so and its dependency list, any other
+difference fails the module by name.
+
 Request (argv[1], JSON): {"capability": [12, 0], "device_name": str, "modules": [{"call":
 "pkg.mod:function", "args": [...]}], "compile_env": {...}, "nvcc": path, "cxx": path,
 "cuda_home": path, "prefix_maps": [[real, fixed], ...], "runtime": {"distributions": {name:
-version or null}} (optional), "result": path}.
+version or null}} (optional), "compile_id_maps": [[real, fixed], ...] (what else of the build file
+names a path of this run: the scratch, the compiler wrappers), "reuse": {"cache": dir, "modules":
+{module: {"leaf": ..., "compile_sha256": ...}}} (optional), "result": path}.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
 import pathlib
 import re
+import shutil
 import stat
 import sys
 import traceback
@@ -194,6 +205,16 @@ def check(request):
     return 0
 
 
+def compile_id(build_file, path_maps):
+    """sha256 of the build file a module is compiled from, with every path of this run (the
+    sandbox's, the scratch's, the toolchain's real roots) replaced by its fixed name: equal ids
+    mean the same compiler, flags, sources and include paths, wherever each build ran."""
+    for real, fixed in sorted(path_maps, key=lambda m: len(m[0]), reverse=True):
+        if real:
+            build_file = build_file.replace(real, fixed)
+    return hashlib.sha256(build_file.encode()).hexdigest()
+
+
 def main(request_path):
     request = json.loads(pathlib.Path(request_path).read_text())
     if request.get("mode") == "check":
@@ -217,6 +238,8 @@ def main(request_path):
                                                 me=os.path.abspath(__file__)))
     nvcc_wrapper.chmod(nvcc_wrapper.stat().st_mode | stat.S_IXUSR)
     maps = [tuple(m) for m in request["prefix_maps"]]
+    id_maps = maps + [tuple(m) for m in request.get("compile_id_maps", [])]
+    reuse = request.get("reuse")
 
     current = {}
     original_build = ninja.build
@@ -264,6 +287,11 @@ def main(request_path):
             raise RuntimeError(f"{spec.module_name}: the build file to compile is not the one the "
                                "key was taken over")
         text = toolchain_build_file(spec, build_dir)
+        current["toolchain_build_file"] = text
+        current["compile_sha256"] = compile_id(
+            text, id_maps + [(str(build_dir), f"/kimi-k3/sglang-jit/{spec.module_name}")])
+        if reuse is not None:
+            return reuse_compiled(spec, build_dir)
         saved_env = dict(os.environ)
         os.environ.clear()
         os.environ.update(request["compile_env"])
@@ -272,12 +300,38 @@ def main(request_path):
         finally:
             os.environ.clear()
             os.environ.update(saved_env)
-        current["toolchain_build_file"] = text
+        return library
+
+    def reuse_compiled(spec, build_dir):
+        """The reused cache's .so for this spec, once its compile is proven the same."""
+        shipped = reuse["modules"].get(spec.module_name)
+        if shipped is None:
+            raise RuntimeError(f"{spec.module_name}: not in the reused cache {reuse['cache']} "
+                               "(built from another module list); rebuild that cache first")
+        if shipped["compile_sha256"] != current["compile_sha256"]:
+            raise RuntimeError(f"{spec.module_name}: its build file differs from the one the "
+                               f"reused cache compiled (compile_sha256 {current['compile_sha256'][:16]} "
+                               f"vs {shipped['compile_sha256'][:16]}): this runtime changes what is "
+                               "compiled, not only the key; build it without reuse")
+        leaf = pathlib.Path(reuse["cache"]) / shipped["leaf"]
+        build_dir.mkdir(parents=True, exist_ok=True)
+        library = build_dir / f"{spec.module_name}.so"
+        shutil.copyfile(leaf / f"{spec.module_name}.so", library)
+        current["reused_deps"] = json.loads((leaf / "sgl_deps.json").read_text())
         return library
 
     def scan_image_dependencies(build_dir):
         kept, dropped = [], []
-        for path in original_scan(build_dir):
+        if "reused_deps" in current:
+            # No compile ran here, so no depfile: the reused leaf's list, resolved in this
+            # tree (SGLang re-hashes each file and names the leaf by the digests).
+            scanned = [cache._resolve_path(root=root, relpath=rel) for root, rel, *_ in current["reused_deps"]]
+            if None in scanned:
+                raise RuntimeError("the reused cache's dependency list names an anchor this tree "
+                                   "does not have; rebuild it from the same trees")
+        else:
+            scanned = original_scan(build_dir)
+        for path in scanned:
             resolved = (path if path.is_absolute() else build_dir / path).resolve()
             if resolved.is_relative_to(build_dir):
                 continue
@@ -333,6 +387,8 @@ def main(request_path):
             "toolchain_dependencies": current["dropped"],
             "key_build_file": current["key_build_file"],
             "toolchain_build_file": current["toolchain_build_file"],
+            "compile_sha256": current["compile_sha256"],
+            "reused": "reused_deps" in current,
         })
     result["target"] = cache._target_tag()
     result["fingerprint"] = cache._environment_fingerprint()

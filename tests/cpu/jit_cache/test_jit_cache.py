@@ -431,5 +431,43 @@ def test_autotune_count_through_a_runtime_choice() -> None:
     assert sites["differs"] == {"configs": None, "key": ["H"]}
 
 
+def test_compile_id_is_the_build_file_without_its_run_paths() -> None:
+    """What lets //jit_cache:sglang_jit_9_0a_gpu_host reuse :sglang_jit_9_0a's compiles: two runs
+    of one compile in other sandboxes and scratch directories get one id; another flag, source or
+    compiler does not."""
+    from tools.jit_cache.sglang_worker import compile_id
+
+    def build_file(root: str, flag: str = "-O3", source: str = "norm.cuh") -> str:
+        return (f"nvcc = {root}/scratch/worker/nvcc\ncudaflags = {flag} -I{root}/out/site/sglang "
+                f"-Xcompiler=-ffile-prefix-map={root}/cuda=/kimi-k3/cuda\n"
+                f"build {root}/scratch/cache/m/a.o: compile_cuda {root}/out/site/sglang/{source}\n")
+
+    def maps(root: str) -> list[tuple[str, str]]:
+        # The scratch is inside the output tree here: the longer one must be replaced first.
+        return [(f"{root}/out/site", "/usr/local/lib/python3.11/dist-packages"), (f"{root}/cuda", "/kimi-k3/cuda"),
+                (f"{root}/scratch", "/kimi-k3/scratch"), (root, "/root-that-must-not-win")]
+
+    one = compile_id(build_file("/a/sandbox/1"), maps("/a/sandbox/1"))
+    assert one == compile_id(build_file("/b/other-root/77"), maps("/b/other-root/77"))
+    assert one != compile_id(build_file("/a/sandbox/1", flag="-O2"), maps("/a/sandbox/1"))
+    assert one != compile_id(build_file("/a/sandbox/1", source="other.cuh"), maps("/a/sandbox/1"))
+    assert one != compile_id(build_file("/a/sandbox/1"), maps("/a/sandbox/1")[1:])
+
+
+def test_a_reused_cache_must_be_the_same_stack_and_arch_with_compile_ids(tmp_path: Path) -> None:
+    from tools.jit_cache.sglang_aot import MANIFEST, load_reused
+
+    module = {"module": "m", "leaf": "sm90a/m/build-k/deps-d", "compile_sha256": "c" * 64}
+    (tmp_path / MANIFEST).write_text(json.dumps({"stack": "pypi", "arch": "9.0a", "modules": [module]}))
+    assert load_reused(tmp_path, "pypi", "9.0a")["modules"] == [module]
+    with pytest.raises(UserError, match=r"built for stack pypi arch 9.0a, not pypi 12.0f"):
+        load_reused(tmp_path, "pypi", "12.0f")
+    (tmp_path / MANIFEST).write_text(json.dumps({"stack": "pypi", "arch": "9.0a", "modules": [{"module": "m"}]}))
+    with pytest.raises(UserError, match=r"carry no compile_sha256 \(built by an older build-sglang\); rebuild it"):
+        load_reused(tmp_path, "pypi", "9.0a")
+    with pytest.raises(UserError, match=r"--reuse .*: no readable"):
+        load_reused(tmp_path / "absent", "pypi", "9.0a")
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -100,8 +100,13 @@ def test_the_gpu_hosts_cache_answers_the_keys_of_that_hosts_runtime(capsys: pyte
         assert host["runtime"]["distributions"][name] == (version or "absent")
     by_module = {m["module"]: m for m in image["modules"]}
     for m in host["modules"]:
+        # Reused, not compiled again: allowed only because the build file each module compiles
+        # from, taken in this build, equals the image build's (the build fails otherwise).
+        assert m["reused"] and m["compile_sha256"] == by_module[m["module"]]["compile_sha256"]
         assert m["so_sha256"] == by_module[m["module"]]["so_sha256"]
+        assert m["toolchain_dependencies"] == by_module[m["module"]]["toolchain_dependencies"]
         assert m["build_key"] != by_module[m["module"]]["build_key"]
+    assert not any(m.get("reused") for m in image["modules"])
     n = len(host["modules"])
     for other, other_spec in ((_cache("9.0a"), spec), (cache, None)):
         with pytest.raises(UserError, match=f"check-sglang: {n} of {n} module"):

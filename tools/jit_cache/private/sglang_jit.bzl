@@ -14,6 +14,13 @@ def _sglang_jit_cache_impl(ctx):
     if ctx.file.runtime:
         args.add("--runtime", ctx.file.runtime)
         extra.append(ctx.file.runtime)
+    reuse = []
+    if ctx.attr.reuse:
+        # The same modules keyed for another runtime compile the same bytes: reuse them
+        # (each build file proven equal) instead of running nvcc again.
+        reused = ctx.attr.reuse[DefaultInfo].files.to_list()
+        args.add("--reuse", reused[0].path)
+        reuse = [ctx.attr.reuse[DefaultInfo].files]
     args.add("--out", out.path)
 
     # Sandboxed and remote-cacheable: every input is declared (the image's base tar and
@@ -25,7 +32,7 @@ def _sglang_jit_cache_impl(ctx):
         args,
         image_files,
         extra + [ctx.file.modules, ctx.file._cuda_identity, ctx.file._userland_identity],
-        [ctx.attr._cuda[DefaultInfo].files, ctx.attr._userland[DefaultInfo].files],
+        [ctx.attr._cuda[DefaultInfo].files, ctx.attr._userland[DefaultInfo].files] + reuse,
         out,
         "SglangJitCache",
         "Building SGLang JIT modules for %s (stack %s) through SGLang's load_jit" % (ctx.attr.arch, ctx.attr.stack),
@@ -39,6 +46,7 @@ sglang_jit_cache = rule(
         "stack": attr.string(mandatory = True),
         "modules": attr.label(allow_single_file = [".json"], mandatory = True),
         "runtime": attr.label(allow_single_file = [".json"], doc = "key the modules for another runtime than the image: a JSON file with a sglang_jit_runtime object (tools/jit_cache/sglang_aot.py --runtime)"),
+        "reuse": attr.label(doc = "a sglang_jit_cache of the same arch and modules keyed for the image, whose compiles this one reuses (with `runtime`)"),
         "layers": attr.label_list(providers = [LayerInfo], mandatory = True, doc = "the image's layers below SGLang's own, and SGLang's: base first"),
         "_tool": attr.label(default = "//tools/jit_cache:sglang_aot"),
         "_cuda": attr.label(default = "@kimi_cuda//:root"),
