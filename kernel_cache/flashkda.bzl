@@ -10,7 +10,8 @@ FLASHKDA = {
     "pin": "flashkda",
     "cutlass_pin": "flashkda-cutlass",
     "cutlass_submodule": {"path": "cutlass", "commit": "5c149f52a436782210263fb2f19b354443a61c6a"},
-    # The CUTLASS directories setup.py's include_dirs name: only these are unpacked.
+    # The CUTLASS directories setup.py's include_dirs name: only these are unpacked, and the pin
+    # flashkda-cutlass archives only these (its `paths`; a test checks they cover this list).
     "cutlass_dirs": ["include", "tools/util/include", "examples/common"],
     # setup.py's CUDAExtension sources (checked against the pinned setup.py): one compile action
     # each, so Bazel must know them before it reads the pin.

@@ -2,7 +2,8 @@
 
 Layout under the root (tools.common.cache.cache_root(), or --cache): `cas/sha256/<hex>` files,
 `tmp/` for partial writes, `locks/` for flocks, `git/<sha256(url)>.git` bare repositories,
-`index/git_tree/<tree>` -> sha256 of the tree's tar.
+`git-paths/<sha256(url)>.git` the objects of git_tree pins with `paths` (tools/fetch/git.py
+ensure_paths_objects), `index/git_tree/<key>` -> sha256 of a git_tree pin's tar (key: tree_index_key).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 from tools.common.errors import UserError, cannot_write
 from tools.common.files import write_text_atomic
@@ -33,7 +34,8 @@ def fsync_dir(path: Path) -> None:
 
 class Cache:
     """`<root>/cas/sha256/<hex>` files, `tmp/` for partial writes, `locks/` for flocks,
-    `git/<sha256(url)>.git` bare repositories, `index/git_tree/<tree>` -> sha256 of its tar."""
+    `git/<sha256(url)>.git` bare repositories, `git-paths/<sha256(url)>.git` the objects of
+    git_tree pins with `paths`, `index/git_tree/<key>` -> sha256 of a git_tree pin's tar."""
 
     def __init__(self, root: Path, *, option: str | None = None) -> None:
         """`option`: the flag that chose `root` (e.g. "--cache"), for the fix in error messages;
@@ -154,19 +156,41 @@ class Cache:
         key = hashlib.sha256(repository.encode()).hexdigest()
         return self.root / "git" / f"{key}.git"
 
-    def tree_index(self, tree: str) -> Path:
-        return self.root / "index" / "git_tree" / tree
+    def git_paths_repo(self, repository: str) -> Path:
+        """Where the objects of `paths` pins of `repository` go: commits without the blobs
+        outside their paths. Apart from git_repo's whole commits, so that no fetch into a
+        repository ever takes such a commit for one it has whole."""
+        key = hashlib.sha256(repository.encode()).hexdigest()
+        return self.root / "git-paths" / f"{key}.git"
 
-    def tree_entry(self, tree: str) -> str | None:
-        """The sha256 the tree index records for `tree`; None when absent or not a sha256 (a
-        damaged index is a miss, rebuilt by the next fetch, never a path to follow)."""
-        index = self.tree_index(tree)
+    def tree_index(self, key: str) -> Path:
+        if not _LOCK_KEY_RE.fullmatch(key):
+            raise ValueError(f"not a tree index key: {key!r}")  # keys name files under index/
+        return self.root / "index" / "git_tree" / key
+
+    def tree_entry(self, key: str) -> str | None:
+        """The sha256 the tree index records under `key` (tree_index_key); None when absent or
+        not a sha256 (a damaged index is a miss, rebuilt by the next fetch, never a path to follow)."""
+        index = self.tree_index(key)
         if not index.is_file():
             return None
         value = index.read_text(encoding="ascii", errors="replace").strip()
         return value if is_sha256(value) else None
 
-    def record_tree(self, tree: str, sha256: str) -> None:
-        """Point the tree index at the CAS entry of the tree's tar (fsynced: it names an entry)."""
-        with self.writing(self.tree_index(tree)):
-            write_text_atomic(self.tree_index(tree), sha256 + "\n", fsync=True)
+    def record_tree(self, key: str, sha256: str) -> None:
+        """Point the tree index at the CAS entry of a tree's tar (fsynced: it names an entry)."""
+        with self.writing(self.tree_index(key)):
+            write_text_atomic(self.tree_index(key), sha256 + "\n", fsync=True)
+
+
+def tree_index_key(tree: str, paths: Sequence[str] = ()) -> str:
+    """The tree index's key for a git_tree pin's tar (also its lock and temp-file key, prefixed
+    "tree-"): the tree id for the whole tree. With `paths` one tree has one tar per set of
+    directories, so the key adds the sha256 of that set: a pin of the whole tree and one of some
+    of its directories never share an entry. "-paths-", not ".": clean_stale_temps("tree-<tree>")
+    globs "tree-<tree>.*", which must not match a concurrent paths fetch's temp file. The paths
+    are one per line (tools.pins.lock refuses control characters in them)."""
+    if not paths:
+        return tree
+    digest = hashlib.sha256("\n".join(paths).encode()).hexdigest()
+    return f"{tree}-paths-{digest}"

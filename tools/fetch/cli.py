@@ -3,7 +3,7 @@
     fetch        --pin NAME [--out PATH [--archive]]  print the path of the verified artifact
     mirror       --mirror DIR [--stack S]... [--pin P]... [--from-git PIN=CHECKOUT]...
     add-git-diff --name N --repository URL --commit C [--parent P] [--from-git CHECKOUT]
-    add-git-tree --name N --repository URL --commit C [--from-git CHECKOUT]
+    add-git-tree --name N --repository URL --commit C [--path DIR]... [--from-git CHECKOUT]
     verify       schema check + table of pins
     evict        --pin NAME | --sha256 HEX
     format       rewrite the lock in canonical form
@@ -28,7 +28,7 @@ from tools.common.files import check_replaceable_dir
 from tools.common.hashing import sha256_file
 from tools.common.progress import human_bytes
 from tools.fetch import git as fetch_git
-from tools.fetch.cache import Cache
+from tools.fetch.cache import Cache, tree_index_key
 from tools.fetch.place import EXTRACT_TOOL, check_writable_path, extract_tar, place_file
 from tools.fetch.sources import SourceFailed, fetch_file_pin, mirror_dirs
 from tools.pins import lock as lockfile
@@ -135,7 +135,16 @@ def cmd_mirror(ctx: Context, args: argparse.Namespace) -> int:
 
 def mirror_git_pin(ctx: Context, pin: GitDiffPin | GitTreePin, target: Path, from_git: str | None) -> str:
     """Also put the pin's commits into the mirror's bare repository, so hosts that regenerate
-    the diff (or need the tree) are served; a diff served from a mirror file alone cannot."""
+    the diff (or need the tree) are served; a diff served from a mirror file alone cannot. A
+    pin with `paths` puts its paths closure into the mirror's paths repository instead."""
+    if isinstance(pin, GitTreePin) and pin.paths:
+        failures: list[str] = []
+        if fetch_git.ensure_tree_pin_objects(ctx.cache, pin, ctx.mirrors, from_git, failures) is None:
+            print(f"mirror: warning: {pin.name}: no git source for the paths repository ({'; '.join(failures)})",
+                  file=sys.stderr)
+            return "no git repository"
+        repo = fetch_git.mirror_paths_repo(ctx.cache, pin, target)
+        return f"repository {repo.relative_to(target)} ({', '.join(pin.paths)})"
     if isinstance(pin, GitDiffPin):
         wanted = [(pin.commit, pin.commit_tree, "commit_tree"), (pin.parent, pin.parent_tree, "parent_tree")]
     else:
@@ -190,9 +199,10 @@ def cmd_evict(ctx: Context, args: argparse.Namespace) -> int:
     else:
         pin = ctx.lock.pin(args.pin)
         if isinstance(pin, GitTreePin) and not pin.sha256:
-            recorded = ctx.cache.tree_entry(pin.tree)
-            targets = [(recorded, f"tree-{pin.tree}")] if recorded else []
-            ctx.cache.tree_index(pin.tree).unlink(missing_ok=True)
+            key = tree_index_key(pin.tree, list(pin.paths))
+            recorded = ctx.cache.tree_entry(key)
+            targets = [(recorded, f"tree-{key}")] if recorded else []
+            ctx.cache.tree_index(key).unlink(missing_ok=True)
         else:
             targets = [(pin.sha256, pin.sha256)]
     removed = 0
@@ -253,6 +263,8 @@ def cmd_add_git_tree(ctx: Context, args: argparse.Namespace) -> int:
     # The archive's sha256 is that of the tar this package renders (like add-git-diff's diff).
     if not re.fullmatch(r"[0-9a-f]{40}", args.commit):
         raise UserError(f"--commit {args.commit!r}: pass a full 40-char lowercase commit id (git rev-parse it first)")
+    if args.path:
+        return add_git_tree_paths(ctx, args, sorted(args.path))
     failures: list[str] = []
     cache_repo = ctx.cache.git_repo(args.repository)
     with ctx.cache.locked(f"git-{cache_repo.stem}"):
@@ -264,17 +276,44 @@ def cmd_add_git_tree(ctx: Context, args: argparse.Namespace) -> int:
             except SourceFailed as e:
                 failures.append(f"{source}: {e}")
         else:
-            raise UserError(f"add-git-tree {args.name}: no source has commit {args.commit} ({'; '.join(failures)}); "
-                            "pass --from-git CHECKOUT with a clone that contains it")
+            raise no_source_has(args, failures)
         with ctx.cache.temp_file(f"tree-{args.commit}") as (tmp, out):
             fetch_git.write_canonical_archive(cache_repo, args.commit, out)
             sha256 = sha256_file(tmp)
             ctx.cache.commit(tmp, sha256)
         tree = fetch_git.tree_of(cache_repo, args.commit)
-    ctx.cache.record_tree(tree, sha256)
+    ctx.cache.record_tree(tree_index_key(tree), sha256)
     entry = {"kind": "git_tree", "repository": args.repository, "commit": args.commit, "tree": tree,
              "filename": args.filename or f"{args.name}-{args.commit[:8]}.tar", "sha256": sha256}
     return write_git_pin(ctx, args, entry, f"tree {tree} sha256 {sha256}")
+
+
+def add_git_tree_paths(ctx: Context, args: argparse.Namespace, paths: list[str]) -> int:
+    """add-git-tree --path: the archive of those directories only, and each one's tree id."""
+    problem = lockfile.tree_paths_problem(paths)
+    if problem:
+        raise UserError(f"add-git-tree {args.name}: --path {problem}")
+    failures: list[str] = []
+    got = fetch_git.ensure_paths_objects(ctx.cache, f"add-git-tree {args.name}", args.repository, args.commit,
+                                         paths, ctx.mirrors, args.from_git, failures)
+    if got is None:
+        raise no_source_has(args, failures)
+    repo, path_trees = got
+    with ctx.cache.temp_file(f"tree-{args.commit}") as (tmp, out):
+        fetch_git.write_canonical_archive(repo, args.commit, out, paths)
+        sha256 = sha256_file(tmp)
+        ctx.cache.commit(tmp, sha256)
+    tree = fetch_git.tree_of(repo, args.commit)
+    ctx.cache.record_tree(tree_index_key(tree, paths), sha256)
+    entry = {"kind": "git_tree", "repository": args.repository, "commit": args.commit, "tree": tree,
+             "paths": {p: path_trees[p] for p in paths},
+             "filename": args.filename or f"{args.name}-{args.commit[:8]}.tar", "sha256": sha256}
+    return write_git_pin(ctx, args, entry, f"tree {tree} paths {', '.join(paths)} sha256 {sha256}")
+
+
+def no_source_has(args: argparse.Namespace, failures: Sequence[str]) -> UserError:
+    return UserError(f"add-git-tree {args.name}: no source has commit {args.commit} ({'; '.join(failures)}); "
+                     "pass --from-git CHECKOUT with a clone that contains it")
 
 
 def write_git_pin(ctx: Context, args: argparse.Namespace, entry: dict, summary: str) -> int:
@@ -327,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True)
     p.add_argument("--repository", required=True)
     p.add_argument("--commit", required=True)
+    p.add_argument("--path", action="append", default=[], metavar="DIR",
+                   help="archive only this directory of the commit (repeatable; relative to the repository root, "
+                        "e.g. include); the lock records each one's tree id. For a build that reads only these, "
+                        "from a clone that may lack other files")
     p.add_argument("--from-git", metavar="CHECKOUT", help="local clone to read the commit from")
     p.add_argument("--filename")
     p.add_argument("--description")

@@ -75,6 +75,8 @@ def pin_package(pin: Any) -> dict[str, Any]:
         pkg["downloadLocation"] = f"git+{pin.repository}@{pin.commit}"
         pkg["versionInfo"] = pin.commit
         pkg["comment"] = f"git tree {pin.tree}"
+        if pin.paths:  # the archive holds only these directories of the tree
+            pkg["comment"] += "; only " + ", ".join(f"{path} (tree {tree})" for path, tree in pin.paths.items())
         if pin.sha256:  # an archived git_tree pin: the sha256 of its canonical tar
             pkg["packageFileName"] = pin.filename
             pkg["checksums"] = [{"algorithm": "SHA256", "checksumValue": pin.sha256}]

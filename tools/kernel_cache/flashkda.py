@@ -325,6 +325,13 @@ def make_tree(flashkda_tar: Path, cutlass_tar: Path, torch_wheel: Path, config: 
             raise UserError(f"pin '{config['pin']}': its tar has files under {submodule}/, where the submodule "
                             "goes; the pin is not FlashKDA's archive")
         files += _extract(cutlass_tar, src / submodule, f"pin '{config['cutlass_pin']}'", config["cutlass_dirs"])
+        # The CUTLASS pin's archive holds only its `paths`: a directory added here but not there
+        # would compile against absent headers, failing far from the cause.
+        absent = [d for d in config["cutlass_dirs"] if not (src / submodule / d).is_dir()]
+        if absent:
+            raise UserError(f"pin '{config['cutlass_pin']}': its tar has no {absent[0]}/, which "
+                            "kernel_cache/flashkda.bzl cutlass_dirs unpacks; add it to the pin's paths (`python3 -m "
+                            f"tools.fetch add-git-tree ... --path {absent[0]}`) or drop it from cutlass_dirs")
         if not (src / "setup.py").is_file():
             raise UserError(f"pin '{config['pin']}': no setup.py at the top of its tree; the pin is not FlashKDA")
         headers = 0

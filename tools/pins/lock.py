@@ -96,7 +96,16 @@ class GitDiffPin:
 class GitTreePin:
     """A source tree at a commit, verified by its git tree id. With `filename` and `sha256` (both
     or neither) the tree's canonical tar (`git archive`) is pinned too: a mirror then serves it
-    as `<mirror>/<filename>`, and a tar rendered differently by this host's git is refused."""
+    as `<mirror>/<filename>`, and a tar rendered differently by this host's git is refused.
+
+    `paths` (directory -> its tree id, sorted by directory): the archive holds only these
+    directories of the commit (`git archive COMMIT -- DIR...`), for a build that reads only them
+    from a repository whose other files a source may lack. The commit and the whole tree id are
+    verified as without paths. Each directory's tree id follows from the whole tree id (git's
+    tree ids are hashes of their entries), so it adds no integrity: it is recorded so that the
+    subset is named in git's own ids (anyone can check it with `git rev-parse COMMIT:DIR` in any
+    clone), and so that a hand-edited path fails at fetch naming the path, not as a sha256
+    mismatch of the whole archive."""
 
     name: str
     repository: str
@@ -105,6 +114,7 @@ class GitTreePin:
     description: str = ""
     filename: str = ""
     sha256: str = ""
+    paths: Mapping[str, str] = field(default_factory=dict)
     kind: str = field(default="git_tree", init=False)
 
 
@@ -299,8 +309,61 @@ def _parse_git_diff_pin(name: str, f: _Fields) -> GitDiffPin:
     return pin
 
 
+def tree_path_problem(path: str) -> str:
+    """Why `path` cannot be a directory of a git_tree pin's `paths` ('' when it can). Only one
+    spelling of each directory is accepted (no "a/", "./a", "a//b"), so a path compares, sorts
+    and keys the cache the same wherever it is written, and none can leave the tree."""
+    if not path:
+        return "holds an empty path: name a directory (the whole tree is the pin without paths)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return f"{path!r} holds a control character: name the directory as git lists it"
+    if path.startswith("/"):
+        return f"{path!r} is absolute: name it relative to the repository root ({path.strip('/')!r})"
+    parts = path.split("/")
+    if ".." in parts:
+        return f"{path!r} leaves the tree ('..'): name a directory inside the repository"
+    if any(part in ("", ".") for part in parts):
+        normal = "/".join(part for part in parts if part not in ("", "."))
+        return f"{path!r} is not normalized (an empty or '.' part): write {normal!r}"
+    return ""
+
+
+def tree_paths_problem(paths: Sequence[str]) -> str:
+    """Why `paths` cannot be a git_tree pin's directories ('' when they can): each as
+    tree_path_problem says, sorted, each once, none inside another (it would add nothing)."""
+    for path in paths:
+        problem = tree_path_problem(path)
+        if problem:
+            return problem
+    for path in paths:
+        if list(paths).count(path) > 1:
+            return f"lists {path!r} twice"
+    if list(paths) != sorted(paths):
+        return "are not sorted: list them as " + ", ".join(repr(p) for p in sorted(paths))
+    for path in paths:
+        for outer in paths:
+            if path.startswith(outer + "/"):
+                return f"{path!r} lies inside {outer!r}, which holds it already: drop {path!r}"
+    return ""
+
+
+def _parse_tree_paths(f: _Fields) -> dict[str, str]:
+    value = f.obj["paths"]
+    if not isinstance(value, dict) or not value:
+        raise f.fail("paths", "must be a non-empty object mapping each directory to its tree id (`git rev-parse "
+                     f"COMMIT:DIR`), got {value!r}; `python3 -m tools.fetch add-git-tree --path DIR` writes it")
+    problem = tree_paths_problem(list(value))
+    if problem:
+        raise f.fail("paths", problem)
+    for path, tree in value.items():
+        if not isinstance(tree, str) or not _GIT_ID_RE.fullmatch(tree):
+            raise f.fail(f"paths[{path!r}]", f"must be the directory's full 40-char lowercase hex tree id (`git "
+                         f"rev-parse COMMIT:{path}`), got {tree!r}")
+    return dict(value)
+
+
 def _parse_git_tree_pin(name: str, f: _Fields) -> GitTreePin:
-    f.check_known(["kind", "description", "repository", "commit", "tree", "filename", "sha256"])
+    f.check_known(["kind", "description", "repository", "commit", "tree", "paths", "filename", "sha256"])
     archived = [key for key in ("filename", "sha256") if key in f.obj]
     if len(archived) == 1:
         other = "sha256" if archived[0] == "filename" else "filename"
@@ -314,6 +377,7 @@ def _parse_git_tree_pin(name: str, f: _Fields) -> GitTreePin:
         description=f.text("description", required=False),
         filename=f.text("filename", pattern=_FILENAME_RE, expect="a plain file name (no '/')") if archived else "",
         sha256=f.sha256("sha256") if archived else "",
+        paths=_parse_tree_paths(f) if "paths" in f.obj else {},
     )
 
 
@@ -451,7 +515,7 @@ def load(path: Path | str = DEFAULT_LOCK) -> Lock:
 # reviewable.
 
 _PIN_KEY_ORDER = ("kind", "description", "package", "filename", "repository", "commit", "commit_tree",
-                  "tree", "parent", "parent_tree", "urls", "sha256", "size")
+                  "tree", "paths", "parent", "parent_tree", "urls", "sha256", "size")
 _STACK_KEY_ORDER = ("description", "sglang", "flashinfer", "torch", "mooncake")
 
 

@@ -918,7 +918,7 @@ def test_sbom_lists_a_built_wheel_with_the_pins_it_is_built_from(tmp_path: Path)
     data["pins"]["kda"] = {"kind": "git_tree", "repository": "https://github.invalid/o/kda", "commit": "1" * 40,
                            "tree": "2" * 40, "filename": "kda-11111111.tar", "sha256": "e" * 64}
     data["pins"]["kda-cutlass"] = {"kind": "git_tree", "repository": "https://github.invalid/o/cutlass",
-                                   "commit": "3" * 40, "tree": "4" * 40}
+                                   "commit": "3" * 40, "tree": "4" * 40, "paths": {"include": "5" * 40}}
     lock.write_text(json.dumps(data))
     wheel = tmp_path / "flash_kda-0.0.1+1111111.sm120a-cp311-cp311-linux_x86_64.whl"
     wheel.write_bytes(b"wheel bytes")
@@ -934,7 +934,9 @@ def test_sbom_lists_a_built_wheel_with_the_pins_it_is_built_from(tmp_path: Path)
     assert built["checksums"] == [{"algorithm": "SHA256", "checksumValue": hashlib.sha256(b"wheel bytes").hexdigest()}]
     assert pkgs["kda"]["downloadLocation"] == "git+https://github.invalid/o/kda@" + "1" * 40
     assert pkgs["kda"]["checksums"] == [{"algorithm": "SHA256", "checksumValue": "e" * 64}]
-    assert "checksums" not in pkgs["kda-cutlass"] and pkgs["kda-cutlass"]["comment"] == "git tree " + "4" * 40
+    # A pin with `paths` says the package is only those directories of the tree.
+    assert "checksums" not in pkgs["kda-cutlass"]
+    assert pkgs["kda-cutlass"]["comment"] == f"git tree {'4' * 40}; only include (tree {'5' * 40})"
     generated = {r["relatedSpdxElement"] for r in doc["relationships"]
                  if r["spdxElementId"] == built["SPDXID"] and r["relationshipType"] == "GENERATED_FROM"}
     assert generated == {pkgs["kda"]["SPDXID"], pkgs["kda-cutlass"]["SPDXID"]}

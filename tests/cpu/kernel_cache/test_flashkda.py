@@ -199,6 +199,18 @@ def test_tree_refuses_files_at_the_submodule_path_and_leaves_nothing(tmp_path: P
         "cutlass.tar", "kda.tar", "torch.whl"]
 
 
+def test_tree_refuses_a_cutlass_dir_the_cutlass_tar_lacks(tmp_path: Path) -> None:
+    # The CUTLASS pin archives only its `paths`: a dir cutlass_dirs names but the tar lacks is
+    # one line naming both fixes, not a compile error about a missing header later.
+    with pytest.raises(UserError) as e:
+        flashkda.make_tree(*_inputs(tmp_path), {**CONFIG, "cutlass_dirs": ["include", "examples/common"]},
+                           tmp_path / "tree")
+    message = one_line(e.value)
+    assert "pin 'flashkda-cutlass': its tar has no examples/common/" in message
+    assert "--path examples/common" in message and "drop it from cutlass_dirs" in message
+    assert not (tmp_path / "tree").exists()
+
+
 def test_tree_refuses_a_wheel_that_is_not_torch(tmp_path: Path) -> None:
     kda, cutlass, _ = _inputs(tmp_path)
     other = tmp_path / "other.whl"
@@ -267,6 +279,11 @@ def test_checked_in_config_names_the_locks_git_tree_pins() -> None:
     kda, cutlass = lock.pin(config["pin"]), lock.pin(config["cutlass_pin"])
     assert kda.kind == cutlass.kind == "git_tree"
     assert kda.sha256, "the FlashKDA pin pins its tar too (add-git-tree)"
+    assert isinstance(cutlass, lockfile.GitTreePin) and cutlass.sha256, "the CUTLASS pin pins its tar too"
+    # Its archive holds only its paths: each directory the build unpacks must be one of them or
+    # lie inside one.
+    assert all(any(d == p or d.startswith(p + "/") for p in cutlass.paths) for d in config["cutlass_dirs"]), (
+        f"cutlass_dirs {config['cutlass_dirs']} outside the pin's paths {list(cutlass.paths)}")
     assert config["cutlass_submodule"]["commit"] == cutlass.commit, (
         "flashkda-cutlass must be the commit FlashKDA's cutlass submodule names")
     assert set(config["archs"]) == {"9.0a", "12.0a"}

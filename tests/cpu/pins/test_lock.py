@@ -96,9 +96,6 @@ def test_unreadable_lock_is_a_one_line_error(tmp_path: Path) -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
-
 
 def test_toolchains_name_file_pins_of_the_lock(tmp_path: Path) -> None:
     """A toolchain (the kernel stage's CUDA root) is made of file pins of the same lock: an
@@ -130,3 +127,71 @@ def test_toolchains_name_file_pins_of_the_lock(tmp_path: Path) -> None:
             "toolchains": {"cuda": {"pins": ["a"], "release": "13.0", "description": "d"}}}
     assert '"toolchains"' in lockfile.canonical_text(data)
     assert lockfile.parse_lock(tmp_path / "x", json.loads(lockfile.canonical_text(data))).toolchains
+
+
+# ---------------------------------------------------------------------------------------------
+# git_tree `paths`: the directories a pin's archive holds, each with its tree id (what a fetch
+# checks against the commit: tests/cpu/fetch/test_git_tree_paths.py)
+
+
+def a_paths_pin(paths: Any) -> dict[str, Any]:
+    return {"kind": "git_tree", "repository": "https://h/o/cutlass", "commit": "1" * 40, "tree": "2" * 40,
+            "paths": paths, "filename": "c.tar", "sha256": "c" * 64}
+
+
+TREE = "3" * 40
+
+
+@pytest.mark.parametrize(("paths", "expected"), [
+    ({"../include": TREE}, "paths '../include' leaves the tree ('..'): name a directory inside the repository"),
+    ({"include/../x": TREE}, "paths 'include/../x' leaves the tree ('..')"),
+    ({"include": TREE, "examples/common": TREE}, "paths are not sorted: list them as 'examples/common', 'include'"),
+    ({"/include": TREE}, "paths '/include' is absolute: name it relative to the repository root ('include')"),
+    ({"include/": TREE}, "paths 'include/' is not normalized (an empty or '.' part): write 'include'"),
+    ({"./include": TREE}, "paths './include' is not normalized (an empty or '.' part): write 'include'"),
+    ({"tools//util": TREE}, "paths 'tools//util' is not normalized (an empty or '.' part): write 'tools/util'"),
+    ({"": TREE}, "paths holds an empty path: name a directory (the whole tree is the pin without paths)"),
+    ({"inc\nlude": TREE}, "paths 'inc\\nlude' holds a control character"),
+    ({"include": TREE, "include/cute": TREE},
+     "paths 'include/cute' lies inside 'include', which holds it already: drop 'include/cute'"),
+    (["include"], "paths must be a non-empty object mapping each directory to its tree id"),
+    ({}, "paths must be a non-empty object mapping each directory to its tree id"),
+    ({"include": "3" * 39}, "paths['include'] must be the directory's full 40-char lowercase hex tree id"),
+])
+def test_bad_paths_are_refused_on_load_naming_the_pin(tmp_path: Path, paths: Any, expected: str) -> None:
+    lock = schema_lock(tmp_path, {"cutlass": a_paths_pin(paths)})
+    with pytest.raises(UserError) as e:
+        lockfile.load(lock)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{lock}: pin 'cutlass': "), message
+    assert expected in message, message
+    with pytest.raises(UserError):  # `verify` refuses it too
+        fetch_cli.main(["verify", "--lock", str(lock)])
+
+
+def test_a_path_listed_twice_is_refused_on_load(tmp_path: Path) -> None:
+    # A JSON object may name a key twice (the last would win); the lock's reader refuses it.
+    lock = tmp_path / "pins.lock.json"
+    text = json.dumps({"schema_version": 1, "pins": {"cutlass": a_paths_pin({"include": TREE})}, "stacks": {}})
+    lock.write_text(text.replace(f'"include": "{TREE}"', f'"include": "{TREE}", "include": "{TREE}"'))
+    with pytest.raises(UserError) as e:
+        lockfile.load(lock)
+    message = str(e.value)
+    assert "\n" not in message and "cutlass" in message and "include" in message, message
+
+
+def test_paths_load_and_write_canonically_after_the_tree(tmp_path: Path) -> None:
+    paths = {"examples/common": "4" * 40, "include": "5" * 40, "tools/util/include": "6" * 40}
+    lock = schema_lock(tmp_path, {"cutlass": a_paths_pin(paths)})
+    pin = lockfile.load(lock).pin("cutlass")
+    assert isinstance(pin, lockfile.GitTreePin) and list(pin.paths.items()) == list(paths.items())
+    text = lockfile.canonical_text(json.loads(lock.read_text()))
+    assert list(json.loads(text)["pins"]["cutlass"]) == ["kind", "filename", "repository", "commit", "tree", "paths",
+                                                         "sha256"]
+    assert lockfile.canonical_text(json.loads(text)) == text
+    without = {k: v for k, v in a_paths_pin(paths).items() if k != "paths"}
+    assert lockfile.load(schema_lock(tmp_path, {"whole": without})).pin("whole").paths == {}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
