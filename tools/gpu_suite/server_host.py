@@ -20,9 +20,10 @@ entrypoint execs `python3`).
 serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) and the profile's,
 MODEL_PATH and PORT set; `--mode record` starts it with `--record-first-use OUT/records`, `--mode verify`
 adds `--verify-first-use` (a compile after ready fails the server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
-group. `--no-compilers`: PATH holds only the image's python3, CUDA_HOME names a directory that
-does not exist, and Triton's own ptxas is moved out of the installed tree (this tool wrote it),
-so nothing can compile: nvcc, ptxas and cc are unreachable. OUT gets server.log, workload.json
+group. `--no-compilers` (hide_compilers, undone when the server stops): PATH holds only the
+image's python3, CUDA_HOME is unset as in the image, the host's /usr/local/cuda is an empty
+directory for the run, the CUDA wheels' tools are moved out of the installed tree, and Triton's
+ptxas answers `--version` only (Triton keys every cache lookup on it): nothing can compile. OUT gets server.log, workload.json
 (timings), the records and summary.json (exit codes, seconds to ready, the counts).
 """
 from __future__ import annotations
@@ -192,22 +193,77 @@ def write_shims(shim_dir: str) -> None:
     os.replace(no_file + ".tmp", no_file)
 
 
-def hide_compilers(env: dict[str, str]) -> list[str]:
-    """Make nvcc, ptxas and cc unreachable for the server: PATH is the image python's shim alone,
-    CUDA_HOME names nothing, Triton's own ptxas is moved out of the tree install() wrote."""
-    moved = []
-    for ptxas in glob.glob(os.path.join(SITE_PACKAGES, "triton/backends/nvidia/bin/*")) + \
-            glob.glob(os.path.join(SITE_PACKAGES, "nvidia/cu13/bin/*")):
-        hidden = ptxas + ".hidden-by-server-host"
-        os.replace(ptxas, hidden)
-        moved.append(ptxas)
-    env["PATH"] = SHIM_DIR
-    env["CUDA_HOME"] = env["CUDA_PATH"] = "/nonexistent-cuda"
-    env.pop("TRITON_PTXAS_PATH", None)
-    for tool in ("nvcc", "ptxas", "cc", "gcc", "c++", "g++"):
-        if shutil.which(tool, path=env["PATH"]):
-            raise SystemExit(f"error: {tool} is still reachable on PATH={env['PATH']}")
-    return moved
+HIDDEN = ".hidden-by-server-host"
+# Where SGLang's JIT (and DeepGEMM, FlashInfer) look for the CUDA toolkit when CUDA_HOME is unset,
+# as it is in the image: the GPU host's own toolkit lives there.
+HOST_CUDA = "/usr/local/cuda"
+
+
+def hide_compilers(env: dict[str, str], site_packages: str = SITE_PACKAGES,
+                   cuda_root: str = HOST_CUDA) -> list[tuple[str, str | None]]:
+    """Make nvcc, ptxas and cc unusable for the server, and return what restore_compilers undoes
+    ((path, where it was moved) or (path, None) for what this wrote), in order:
+
+    - PATH is the image python's shim directory alone; CUDA_HOME and CUDA_PATH are unset, as in
+      the image. SGLang's JIT build file names the toolkit's path (`-L<cuda>/lib64`), so any
+      CUDA_HOME other than where the image resolves it (/usr/local/cuda) keys every module anew.
+    - The host's toolkit at /usr/local/cuda is moved aside and an empty directory stands in its
+      place: unset CUDA_HOME resolves there. Without any directory there, SGLang's model modules
+      failed to import on the H100 (an empty import error); with the host's, nvcc was reachable.
+    - Triton's own ptxas cannot simply go: Triton 3.8 runs `ptxas --version` for every cache key,
+      a hit included (backend.hash), so without it every lookup fails ("Cannot find ptxas"). It
+      becomes a shim that prints the real one's --version text, byte for byte (the keys stay the
+      image's), and fails anything else: nothing can be assembled.
+    - The CUDA wheels' tools (nvidia/cu13/bin) are moved out of the installed tree.
+    On any error, what was done so far is undone before the error propagates."""
+    done: list[tuple[str, str | None]] = []
+    try:
+        for ptxas in sorted(glob.glob(os.path.join(site_packages, "triton/backends/nvidia/bin/ptxas*"))):
+            if ptxas.endswith(HIDDEN):
+                continue
+            version = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=True).stdout
+            os.replace(ptxas, ptxas + HIDDEN)
+            done.append((ptxas, ptxas + HIDDEN))
+            with open(ptxas, "w") as f:
+                f.write("#!/bin/sh\n# server_host --no-compilers: Triton keys its cache on `ptxas --version`; "
+                        "nothing may be assembled\n"
+                        'if [ "$#" -eq 1 ] && [ "$1" = --version ]; then\n'
+                        f"  printf '%s' '{version.replace(chr(39), chr(39) + chr(92) + chr(39) + chr(39))}'\n"
+                        "  exit 0\nfi\n"
+                        'echo "ptxas: hidden by server_host --no-compilers (a compile after ready)" >&2\nexit 1\n')
+            os.chmod(ptxas, 0o755)
+            done.append((ptxas, None))
+        for tool in sorted(glob.glob(os.path.join(site_packages, "nvidia/cu13/bin/*"))):
+            if not tool.endswith(HIDDEN):
+                os.replace(tool, tool + HIDDEN)
+                done.append((tool, tool + HIDDEN))
+        if os.path.lexists(cuda_root):
+            os.replace(cuda_root, cuda_root + HIDDEN)
+            done.append((cuda_root, cuda_root + HIDDEN))
+        os.mkdir(cuda_root)
+        done.append((cuda_root, None))
+        env["PATH"] = SHIM_DIR
+        for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH"):
+            env.pop(name, None)
+        for tool in ("nvcc", "ptxas", "cc", "gcc", "c++", "g++"):
+            if shutil.which(tool, path=env["PATH"]):
+                raise SystemExit(f"error: {tool} is still reachable on PATH={env['PATH']}")
+    except BaseException:
+        restore_compilers(done)
+        raise
+    return done
+
+
+def restore_compilers(done: list[tuple[str, str | None]]) -> None:
+    """Undo hide_compilers, last step first: remove what it wrote, move back what it moved."""
+    for path, hidden in reversed(done):
+        if hidden is None:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.remove(path)
+        else:
+            os.replace(hidden, path)
 
 
 def wait_for_workload(server: subprocess.Popen, workload: subprocess.Popen, limit: float) -> str | None:
@@ -262,10 +318,18 @@ def serve(args: argparse.Namespace) -> int:
         if args.mode == "verify":
             env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
         flags = []
-    moved = hide_compilers(env) if args.no_compilers else []
-    if moved:
-        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME={env['CUDA_HOME']}, moved {len(moved)} of the image's "
-            "CUDA tools out of the installed tree")
+    hidden = hide_compilers(env) if args.no_compilers else []
+    if hidden:
+        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME unset, {HOST_CUDA} empty, Triton's ptxas answers "
+            f"--version only ({len(hidden)} steps to undo)")
+    try:
+        return run_server(args, env, flags, out, hidden)
+    finally:
+        restore_compilers(hidden)
+
+
+def run_server(args: argparse.Namespace, env: dict[str, str], flags: list[str], out: str,
+               hidden: list[tuple[str, str | None]]) -> int:
     command = [IMAGE_PYTHON, ENTRYPOINT, *flags, "--profile", args.profile]
     log("+ " + " ".join(command))
     started = time.time()
@@ -289,11 +353,9 @@ def serve(args: argparse.Namespace) -> int:
             stopped_by_us = True
         else:
             stopped_by_us = False
-    for ptxas in moved:
-        os.replace(ptxas + ".hidden-by-server-host", ptxas)
     summary = {"mode": args.mode, "profile": args.profile, "workload_exit": workload.returncode,
                "server_exit": server_code, "server_stopped_by_us": stopped_by_us,
-               "seconds": round(time.time() - started, 1), "compilers_hidden": bool(moved) or args.no_compilers}
+               "seconds": round(time.time() - started, 1), "compilers_hidden": bool(hidden)}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     log(json.dumps(summary))

@@ -183,5 +183,56 @@ def test_the_servers_path_has_no_file_command_as_the_image_has_none(tmp_path):
     assert done.stdout.strip() == "none"
 
 
+def test_no_compilers_leaves_nothing_that_compiles_and_undoes_itself(tmp_path):
+    """The replay's --no-compilers, as the second H100 session found it must be: Triton's ptxas
+    answers --version with the real one's text (Triton keys every lookup on it), anything else
+    fails; CUDA_HOME unset with an empty toolkit directory where unset resolves; everything put
+    back afterwards, byte for byte, also when a step fails."""
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    site = tmp_path / "site"
+    triton_bin = site / "triton/backends/nvidia/bin"
+    triton_bin.mkdir(parents=True)
+    real = "#!/bin/sh\necho \"ptxas: NVIDIA (R) it's 'quoted'\"\necho 'Cuda compilation tools, release 13.0'\n"
+    (triton_bin / "ptxas").write_text(real)
+    (triton_bin / "ptxas").chmod(0o755)
+    (triton_bin / "cuobjdump").write_text("#!/bin/sh\n")
+    wheel_bin = site / "nvidia/cu13/bin"
+    wheel_bin.mkdir(parents=True)
+    (wheel_bin / "nvcc").write_text("#!/bin/sh\n")
+    cuda = tmp_path / "usr-local-cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin/nvcc").write_text("#!/bin/sh\n")
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    expected_version = subprocess.run([str(triton_bin / "ptxas"), "--version"], capture_output=True, text=True).stdout
+
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/x", "TRITON_PTXAS_PATH": "/y"}
+    done = host.hide_compilers(env, str(site), str(cuda))
+    try:
+        assert env["PATH"] == host.SHIM_DIR and not {"CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH"} & set(env)
+        version = subprocess.run([str(triton_bin / "ptxas"), "--version"], capture_output=True, text=True)
+        assert version.returncode == 0 and version.stdout == expected_version
+        compile_ = subprocess.run([str(triton_bin / "ptxas"), "-arch=sm_90a", "k.ptx"], capture_output=True, text=True)
+        assert compile_.returncode == 1 and "hidden by server_host --no-compilers" in compile_.stderr
+        assert (triton_bin / "cuobjdump").exists()  # not a compiler, and Triton's key does not read it
+        assert not (wheel_bin / "nvcc").exists() and cuda.is_dir() and not any(cuda.iterdir())
+    finally:
+        host.restore_compilers(done)
+    after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before and not list(tmp_path.rglob("*" + host.HIDDEN))
+
+    # A step that fails (here: a ptxas that cannot answer --version) leaves nothing moved.
+    (triton_bin / "ptxas").write_text("#!/bin/sh\nexit 3\n")
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(subprocess.CalledProcessError):
+        host.hide_compilers({}, str(site), str(cuda))
+    after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before and (cuda / "bin/nvcc").exists()
+    assert os.access(triton_bin / "ptxas", os.X_OK)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
