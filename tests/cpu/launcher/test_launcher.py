@@ -499,6 +499,41 @@ def test_bazel_launcher_binds_a_directory_made_again_at_the_same_path(tmp_path: 
         shutil.rmtree(outside, ignore_errors=True)
 
 
+def test_a_sealed_namespace_that_stopped_receiving_binds_is_replaced(tmp_path: Path) -> None:
+    """Seen after a main job on a fresh machine: the sealed namespace's root had turned private,
+    so a bind made for a later command (a second checkout outside /tmp, a new mirror directory)
+    never reached it, and Bazel in the second checkout said "not within a workspace". The
+    launcher replaces such a namespace (ending its holder) and keeps one that still receives."""
+    outside = Path(tempfile.mkdtemp(prefix="kimi-k3-mirror-", dir="/var/tmp"))
+    (outside / "a.whl").write_text("a\n")
+    stand_in = StandInRoot(tmp_path / "stand-in")
+    try:
+        stand_in.run({})
+        sealed = stand_in.sealed_pid_file.read_text().strip()
+        # What the main job's action did, in the sealed namespace: its root made private.
+        subprocess.run([sys.executable, "-c", (
+            "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True)\n"
+            f"fd = os.open('/proc/{sealed}/ns/mnt', os.O_RDONLY)\n"
+            "assert libc.setns(fd, 0x00020000) == 0, os.strerror(ctypes.get_errno())\n"
+            "assert libc.mount(None, b'/', None, 0x4000 | 0x40000, None) == 0, os.strerror(ctypes.get_errno())")],
+            check=True, timeout=30)
+        proc = stand_in.run({"KIMI_K3_MIRROR": str(outside)})
+        assert "no longer receives new binds; starting a new one" in proc.stderr
+        replaced = stand_in.sealed_pid_file.read_text().strip()
+        assert replaced != sealed
+        for _ in range(50):
+            if not Path(f"/proc/{sealed}").exists():
+                break
+            time.sleep(0.1)
+        assert not Path(f"/proc/{sealed}").exists(), "the old holder still runs"
+        assert (Path(f"/proc/{replaced}/root") / str(outside).lstrip("/") / "a.whl").read_text() == "a\n"
+        proc = stand_in.run({"KIMI_K3_MIRROR": str(outside)})
+        assert stand_in.sealed_pid_file.read_text().strip() == replaced and "no longer receives" not in proc.stderr
+    finally:
+        stand_in.close()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def no_sentinel_in_files(top: Path, sentinels: list[str], skip: tuple[Path, ...] = ()) -> list[str]:
     """'path: sentinel' for every regular file under top (symlinks not followed) holding one."""
     hits = []
