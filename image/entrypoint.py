@@ -96,7 +96,10 @@ KDA_JUDGED = {"--linear-attn-prefill-backend": ("linear_attn_prefill_backend", N
 # entrypoint warns (it does not refuse: the backend works at low concurrency, and choosing it is
 # the operator's call).
 FLASHKDA_KNOWN_ISSUES = ("it fails under 4 and under 8 concurrent requests (the operators' manual), and it is no faster "
-                  "than SGLang's Triton KDA (16K-token prefill: 2693 vs 2695 tok/s)")
+                  "than SGLang's Triton KDA (16K-token prefill: 2693 vs 2695 tok/s); SGLang 0.5.23 gives it only "
+                  "prefills of 64 to 2048 tokens (longer ones run on Triton), and there its extend returns "
+                  "(output, None), which forward_extend takes as the output unless it tracks SSM state "
+                  "(measured on an H100: kernel_cache/FLASHKDA.md)")
 FLASHKDA_DISTRIBUTION = "flash_kda"
 
 
