@@ -21,8 +21,8 @@ serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) an
 MODEL_PATH and PORT set; `--mode record` starts it with `--record-first-use OUT/records`, `--mode verify`
 adds `--verify-first-use` (a compile after ready fails the server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
 group. `--no-compilers` (hide_compilers, undone when the server stops): PATH holds only the
-image's python3, CUDA_HOME is unset as in the image, the host's /usr/local/cuda is an empty
-directory for the run, the CUDA wheels' tools are moved out of the installed tree, and Triton's
+image's python3, CUDA_HOME is unset as in the image, the host's /usr/local/cuda is moved away
+for the run, the CUDA wheels' tools are moved out of the installed tree, and Triton's
 ptxas answers `--version` only (Triton keys every cache lookup on it): nothing can compile. OUT gets server.log, workload.json
 (timings), the records and summary.json (exit codes, seconds to ready, the counts).
 """
@@ -207,9 +207,12 @@ def hide_compilers(env: dict[str, str], site_packages: str = SITE_PACKAGES,
     - PATH is the image python's shim directory alone; CUDA_HOME and CUDA_PATH are unset, as in
       the image. SGLang's JIT build file names the toolkit's path (`-L<cuda>/lib64`), so any
       CUDA_HOME other than where the image resolves it (/usr/local/cuda) keys every module anew.
-    - The host's toolkit at /usr/local/cuda is moved aside and an empty directory stands in its
-      place: unset CUDA_HOME resolves there. Without any directory there, SGLang's model modules
-      failed to import on the H100 (an empty import error); with the host's, nvcc was reachable.
+    - The host's toolkit at /usr/local/cuda (where unset CUDA_HOME resolves) is moved aside, and
+      nothing stands in its place: the image has none, and SGLang keys its JIT modules on whether
+      it exists (its `toolkit` anchor). An empty directory there (the second H100 run) gave every
+      module another key than the image build's; with none, SGLang's model modules failed to
+      import on that host (sgl_kernel's loader: an ImportError whose message starts with a blank
+      line), which the next run looks into (docs/measurements/2026-12-06.md).
     - Triton's own ptxas cannot simply go: Triton 3.8 runs `ptxas --version` for every cache key,
       a hit included (backend.hash), so without it every lookup fails ("Cannot find ptxas"). It
       becomes a shim that prints the real one's --version text, byte for byte (the keys stay the
@@ -240,8 +243,6 @@ def hide_compilers(env: dict[str, str], site_packages: str = SITE_PACKAGES,
         if os.path.lexists(cuda_root):
             os.replace(cuda_root, cuda_root + HIDDEN)
             done.append((cuda_root, cuda_root + HIDDEN))
-        os.mkdir(cuda_root)
-        done.append((cuda_root, None))
         env["PATH"] = SHIM_DIR
         for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH"):
             env.pop(name, None)
@@ -320,7 +321,7 @@ def serve(args: argparse.Namespace) -> int:
         flags = []
     hidden = hide_compilers(env) if args.no_compilers else []
     if hidden:
-        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME unset, {HOST_CUDA} empty, Triton's ptxas answers "
+        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME unset, {HOST_CUDA} moved away, Triton's ptxas answers "
             f"--version only ({len(hidden)} steps to undo)")
     try:
         return run_server(args, env, flags, out, hidden)
