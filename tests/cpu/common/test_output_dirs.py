@@ -58,7 +58,7 @@ TREE_REMOVALS = {
     ("bench/remote_cache.py", "rmtree", "path"): "the helper main uses on its own mkdtemp",
     ("common/files.py", "dir_replaced_atomically", "tmp"): "its own temp sibling",
     ("common/files.py", "replace_dir", "garbage"): "the previous output after the swap (checked replaceable)",
-    ("fetch/git.py", "mirror_git_repo", "tmp"): "its own temp clone",
+    ("fetch/git.py", "new_repo", "tmp"): "its own temp repository (a mkdtemp beside dest), removed when filling it failed",
     ("image/rootfs.py", "host_python_rootfs", "tmp"): "its own temp sibling",
     ("image/rootfs.py", "pull_base", "tmp"): "its own temp sibling (a failed pull, or after the swap)",
     ("image/launch_profile_check.py", "check_launch_profiles", "work"): "its scratch folder inside the root it unpacked",
