@@ -17,6 +17,10 @@ shell and python3 stay its own), links each CUDA library the bundle left to the 
 TRITON_LIBCUDA_PATH says, and makes /opt/kimi-k3/bin/python3 the image's python3.11 (the
 entrypoint execs `python3`).
 
+preflight (before serve, seconds): under the image's python with the server's environment,
+the model's modules imported (--import) and every shipped SGLang JIT module looked up by SGLang's
+own loader: what would fail the server is named before it starts.
+
 serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) and the profile's,
 MODEL_PATH and PORT set; `--mode record` starts it with `--record-first-use OUT/records`, `--mode verify`
 adds `--verify-first-use` (a compile after ready fails the server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 import time
 
 MANIFEST = "manifest.json"
@@ -194,6 +199,9 @@ def write_shims(shim_dir: str) -> None:
 
 
 HIDDEN = ".hidden-by-server-host"
+PROFILES_DIR = "/usr/share/kimi-k3/profiles"
+SGLANG_JIT_DIR = "/usr/share/kimi-k3/sglang-jit"
+SGLANG_JIT_MANIFEST = "kimi-k3-sglang-jit.json"
 # Where SGLang's JIT (and DeepGEMM, FlashInfer) look for the CUDA toolkit when CUDA_HOME is unset,
 # as it is in the image: the GPU host's own toolkit lives there.
 HOST_CUDA = "/usr/local/cuda"
@@ -267,6 +275,85 @@ def restore_compilers(done: list[tuple[str, str | None]]) -> None:
             os.replace(hidden, path)
 
 
+def server_env(extra: list[str], profile: str | None = None) -> dict[str, str]:
+    """The server's environment: this host's, less its Python settings, with the image's env
+    (manifest `env`), the profile's `env` when one is named (what the entrypoint adds), then
+    --env NAME=VALUE; the image python's shim directory first on PATH."""
+    with open(os.path.join(SHIM_DIR, "..", "image-env.json")) as f:
+        image_env = json.load(f)
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    env.update(image_env)
+    if profile:
+        with open(os.path.join(PROFILES_DIR, profile + ".json")) as f:
+            env.update(json.load(f).get("env", {}))
+    env["PATH"] = SHIM_DIR + ":" + env.get("PATH", "")
+    for item in extra:
+        name, _, value = item.partition("=")
+        env[name] = value
+    return env
+
+
+def capability_of(target: str) -> tuple[int, int]:
+    """SGLang's target tag (sm90a, sm120f) as a compute capability: (9, 0), (12, 0)."""
+    digits = target[2:].rstrip("af")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def preflight(args: argparse.Namespace) -> int:
+    """Seconds, not a server start (each try of the H100 replay cost a minute): under the image's
+    python with the server's environment (and --no-compilers' hiding), (1) import each --import
+    module, printing the whole error (SGLang's model loader logs only its first line), and (2)
+    look up every shipped SGLang JIT module with SGLang's own loader and
+    SGLANG_CRASH_ON_JIT_COMPILE=1 (tools/jit_cache/sglang_worker.py's check): a module whose key
+    this host computes differently is named with the scope it looked in and the leaf shipped."""
+    env = server_env(args.env, args.profile)
+    hidden = hide_compilers(env) if args.no_compilers else []
+    failed = 0
+    try:
+        for module in args.imports:
+            done = subprocess.run([IMAGE_PYTHON, "-c", f"import {module}"], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                failed += 1
+                print(f"server_host: preflight: import {module} failed:\n{done.stderr.strip()}", file=sys.stderr)
+            else:
+                log(f"preflight: import {module}: ok")
+        with open(os.path.join(SGLANG_JIT_DIR, SGLANG_JIT_MANIFEST)) as f:
+            shipped = json.load(f)
+        major, minor = capability_of(shipped["target"])
+        with tempfile.TemporaryDirectory(prefix="server-host-preflight-") as tmp:
+            request = {"mode": "check", "capability": [major, minor], "device_name": "preflight",
+                       "modules": [{"call": m["call"], "args": m["args"]} for m in shipped["modules"]],
+                       "result": os.path.join(tmp, "result.json")}
+            with open(os.path.join(tmp, "request.json"), "w") as f:
+                json.dump(request, f)
+            done = subprocess.run([IMAGE_PYTHON, args.worker, os.path.join(tmp, "request.json")],
+                                  env={**env, "SGLANG_JIT_CACHE_DIR": SGLANG_JIT_DIR, "SGLANG_CRASH_ON_JIT_COMPILE": "1"},
+                                  capture_output=True, text=True)
+            if done.returncode != 0 or not os.path.exists(request["result"]):
+                print(f"server_host: preflight: the SGLang JIT check did not run:\n{done.stderr.strip()[-4000:]}",
+                      file=sys.stderr)
+                return 1
+            with open(request["result"]) as f:
+                result = json.load(f)
+        leaves = {m["call"] + json.dumps(m["args"]): m["leaf"] for m in shipped["modules"]}
+        for error in result.get("errors", []):
+            failed += 1
+            print(f"server_host: preflight: {error['call']}{tuple(error['args'])}: {error['error']} (looked in "
+                  f"{error.get('scope')}; shipped: {leaves.get(error['call'] + json.dumps(error['args']))})",
+                  file=sys.stderr)
+        log(f"preflight: {len(result.get('modules', []))} of {len(shipped['modules'])} shipped SGLang JIT module(s) "
+            f"found; environment fingerprint {result.get('fingerprint')} (shipped "
+            f"{shipped.get('environment_fingerprint')}), target {result.get('target')}")
+        if result.get("fatal"):
+            failed += 1
+            print(f"server_host: preflight: {result['fatal']}", file=sys.stderr)
+    finally:
+        restore_compilers(hidden)
+    return 1 if failed else 0
+
+
 def wait_for_workload(server: subprocess.Popen, workload: subprocess.Popen, limit: float) -> str | None:
     """Wait for the workload; None when it finished. A server that exits first (before ready, or
     during the workload) ends the workload at once, as does `limit` seconds: the workload would
@@ -291,19 +378,10 @@ def serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"server_host: error: {problem}", file=sys.stderr)
         return 2
-    with open(os.path.join(SHIM_DIR, "..", "image-env.json")) as f:
-        image_env = json.load(f)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    env = dict(os.environ)
-    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
-        env.pop(name, None)
-    env.update(image_env)
-    env["PATH"] = SHIM_DIR + ":" + env.get("PATH", "")
+    env = server_env(args.env)
     env.update(MODEL_PATH=os.path.abspath(args.model), PORT=str(args.port), PYTHONUNBUFFERED="1")
-    for item in args.env:
-        name, _, value = item.partition("=")
-        env[name] = value
     records = os.path.join(out, "records")
     flags: list[str] = []
     if args.mode in ("record", "verify"):
@@ -383,8 +461,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--no-compilers", action="store_true")
+    p = sub.add_parser("preflight", help="before serve: the model's imports and the shipped SGLang JIT keys, in seconds")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    p.add_argument("--worker", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jit_cache",
+                                                   "sglang_worker.py"))
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--no-compilers", action="store_true")
     args = parser.parse_args(argv)
-    return install(args.bundle, args.root) if args.command == "install" else serve(args)
+    if args.command == "install":
+        return install(args.bundle, args.root)
+    return serve(args) if args.command == "serve" else preflight(args)
 
 
 if __name__ == "__main__":

@@ -235,5 +235,64 @@ def test_no_compilers_leaves_nothing_that_compiles_and_undoes_itself(tmp_path):
     assert os.access(triton_bin / "ptxas", os.X_OK)
 
 
+def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_otherwise(tmp_path, capsys):
+    """Each replay try on the H100 cost a server start (about a minute) to learn one thing: an
+    import that failed (SGLang logs its first line only) or a shipped SGLang JIT module whose key
+    the host computed otherwise. preflight says both in seconds, under the image's python (here a
+    stand-in: this interpreter, and a stand-in for the check worker)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    assert host.capability_of("sm90a") == (9, 0) and host.capability_of("sm120f") == (12, 0)
+    shim = tmp_path / "opt/kimi-k3/bin"
+    shim.mkdir(parents=True)
+    (shim.parent / "image-env.json").write_text(json.dumps({"FROM_IMAGE": "1"}))
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "p.json").write_text(json.dumps({"env": {"SGLANG_ENABLE_JIT_DEEPGEMM": "0"}}))
+    jit = tmp_path / "sglang-jit"
+    jit.mkdir()
+    shipped = [{"call": "k.m:one", "args": [1], "leaf": "sm90a/one/build-aaa/deps-b"},
+               {"call": "k.m:two", "args": [], "leaf": "sm90a/two/build-ccc/deps-d"}]
+    (jit / "kimi-k3-sglang-jit.json").write_text(json.dumps(
+        {"target": "sm90a", "environment_fingerprint": "f0", "modules": shipped}))
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import json, os, sys\n"
+        "r = json.load(open(sys.argv[1]))\n"
+        "assert r['mode'] == 'check' and r['capability'] == [9, 0], r\n"
+        "assert os.environ['SGLANG_CRASH_ON_JIT_COMPILE'] == '1' and os.environ['SGLANG_ENABLE_JIT_DEEPGEMM'] == '0'\n"
+        "assert os.environ['FROM_IMAGE'] == '1' and os.environ['SGLANG_JIT_CACHE_DIR'] == sys.argv[2]\n"
+        "json.dump({'modules': [{'call': 'k.m:one'}], 'fingerprint': 'f0', 'target': 'sm90a', 'errors': [\n"
+        "  {'call': 'k.m:two', 'args': [], 'error': 'RuntimeError: JIT module two has no usable cached build',\n"
+        "   'scope': '/c/sm90a/two/build-eee'}]}, open(r['result'], 'w'))\n")
+    host.IMAGE_PYTHON, host.SHIM_DIR, host.PROFILES_DIR, host.SGLANG_JIT_DIR = (
+        sys.executable, str(shim), str(profiles), str(jit))
+    args = host.main.__globals__["argparse"].Namespace(
+        profile="p", imports=["json", "no_such_module_here"], env=[], no_compilers=False,
+        worker=str(worker))
+    # The stand-in worker is given the cache directory as its second argument to check it.
+    real_run = host.subprocess.run
+
+    def run(argv, **kw):
+        if argv[:2] == [sys.executable, str(worker)]:
+            argv = argv + [kw["env"]["SGLANG_JIT_CACHE_DIR"]]
+        return real_run(argv, **kw)
+
+    host.subprocess.run = run
+    try:
+        assert host.preflight(args) == 1
+    finally:
+        host.subprocess.run = real_run
+    captured = capsys.readouterr()
+    err = captured.out + captured.err
+    assert "import json: ok" in err
+    assert "import no_such_module_here failed:" in err and "ModuleNotFoundError" in err
+    assert ("k.m:two(): RuntimeError: JIT module two has no usable cached build (looked in "
+            "/c/sm90a/two/build-eee; shipped: sm90a/two/build-ccc/deps-d)") in err
+    assert "1 of 2 shipped SGLang JIT module(s) found; environment fingerprint f0 (shipped f0)" in err
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
