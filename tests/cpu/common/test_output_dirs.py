@@ -29,6 +29,7 @@ SWAP_CALLERS = {
     ("gpu_suite/host.py", "sglang_jit_proof", "cache"): "HOST_TOOL",
     ("gpu_suite/host.py", "triton_proof", "bound"): "HOST_TOOL",
     ("gpu_suite/host.py", "triton_proof", "shipped"): "HOST_TOOL",
+    ("gpu_suite/server_bundle.py", "main", "args.out"): "TOOL",
     ("gpu_suite/host.py", "unpack_into", "target"): "HOST_TOOL",
     ("image/layout.py", "build_image", "out"): "None",
     ("image/rootfs.py", "pull_base", "out"): "PULL_TOOL",
