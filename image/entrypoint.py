@@ -26,8 +26,11 @@ and so is a `--config` file, which only SGLang's parser reads.
 
 FlashKDA (`--linear-attn-prefill-backend flashkda`, the image variant --//image:kda_prefill=flashkda):
 the entrypoint warns, and starts the server anyway, when SGLang will prefill KDA layers with it
-(what FLASHKDA_KNOWN_ISSUES says, image/README.md "The FlashKDA warning"). The arguments are read as
+(what FLASHKDA_KNOWN_ISSUES says; kernel_cache/FLASHKDA.md). The arguments are read as
 for the Mooncake guard: with SGLang's parser when an argument could name the option.
+
+DeepGEMM: the entrypoint warns, and starts anyway, when SGLang will start DeepGEMM's JIT runtime
+(SGLANG_ENABLE_JIT_DEEPGEMM not off) and no nvcc is there for it to find (deepgemm_warning).
 
 Launch profiles (image/profiles/, shipped in /usr/share/kimi-k3/profiles): `--profile NAME` starts
 the profile's SGLang arguments with its environment, placeholders (`${MODEL_PATH}`, ...) taken
@@ -326,6 +329,32 @@ def flashkda_warning(args: Sequence[str], installed: bool | None = None) -> str 
             f"prefer --linear-attn-prefill-backend triton, which is as fast{missing}; starting anyway")
 
 
+# SGLang turns DeepGEMM's JIT on by default on SM90 and SM100, and on SM120 where the installed
+# DeepGEMM has the SM120 APIs (this image's sgl-deep-gemm does); the model runner then calls
+# deep_gemm.set_pdl, whose JIT runtime asserts an executable nvcc under CUDA_HOME (else found on
+# PATH, else /usr/local/cuda). The image ships no nvcc: seen on an H100, where the server died
+# there (docs/measurements/2026-12-06.md).
+DEEPGEMM_JIT_VAR = "SGLANG_ENABLE_JIT_DEEPGEMM"
+
+
+def deepgemm_warning(env: Mapping[str, str], default_cuda: str = "/usr/local/cuda") -> str | None:
+    """The warning line when SGLang will start DeepGEMM's JIT runtime with no nvcc to find, else
+    None. Never a refusal: a GPU older than SM90 never starts it."""
+    if env.get(DEEPGEMM_JIT_VAR, "1").strip().lower() not in ("1", "true", "yes", "y", "on"):
+        return None
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home is None:
+        import shutil
+        if shutil.which("nvcc", path=env.get("PATH", os.defpath)):
+            return None
+        home = default_cuda
+    if os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return None
+    return (f"warning: SGLang starts DeepGEMM's JIT runtime on SM90, SM100 and SM120 (with this image's DeepGEMM), "
+            f"which asserts an executable nvcc (under CUDA_HOME, on PATH or in {default_cuda}), and this container "
+            f"has none: set {DEEPGEMM_JIT_VAR}=0, or mount a CUDA toolkit and set CUDA_HOME; starting anyway")
+
+
 class ProfileError(Exception):
     """A profile that cannot be started: one line naming the profile and the fix."""
 
@@ -606,9 +635,9 @@ def main(argv: Sequence[str]) -> int:
             return 2
         if argv[0] == "--print-profile":
             print(profile_command(args, env))
-            warning = flashkda_warning(args)
-            if warning:
-                print(warning, file=sys.stderr)
+            for warning in (flashkda_warning(args), deepgemm_warning({**os.environ, **env})):
+                if warning:
+                    print(warning, file=sys.stderr)
             message = refusal(args, {**os.environ, **env})
             if message:
                 print(message, file=sys.stderr)
@@ -620,9 +649,9 @@ def main(argv: Sequence[str]) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
-    warning = flashkda_warning(argv)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in (flashkda_warning(argv), deepgemm_warning(os.environ)):
+        if warning:
+            print(warning, file=sys.stderr)
     try:
         env = dict(os.environ)
         link_sglang_jit_cache(env)

@@ -649,7 +649,8 @@ def test_the_flashkda_profile_is_tp32ep32_with_flashkda_prefill_and_its_notes() 
 def test_the_entrypoint_warns_about_flashkda_and_starts_anyway(tmp_path: Path, args: list[str], warns: bool) -> None:
     proc = run_entrypoint(tmp_path, args, {})
     assert proc.returncode == 0 and "exec: -m sglang.launch_server " + " ".join(args) in proc.stdout
-    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    # (The DeepGEMM warning of a container without nvcc is its own test's.)
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:") and "DeepGEMM" not in line]
     if not warns:
         assert warning == [], proc.stderr
         return
@@ -659,6 +660,36 @@ def test_the_entrypoint_warns_about_flashkda_and_starts_anyway(tmp_path: Path, a
     assert "prefer --linear-attn-prefill-backend triton" in warning[0] and warning[0].endswith("starting anyway")
     # This process has no flash_kda: the warning also says which image has it.
     assert "this image has no flash_kda" in warning[0] and "--//image:kda_prefill=flashkda" in warning[0]
+
+
+def test_the_entrypoint_warns_when_deepgemm_would_find_no_nvcc(tmp_path: Path) -> None:
+    """On an H100 the replay's server died when its model runner started DeepGEMM's JIT runtime
+    (deep_gemm.set_pdl asserts an executable nvcc); the image has none, and SGLang starts that
+    runtime on SM120 too with this image's DeepGEMM. The entrypoint says so and starts anyway."""
+    entrypoint = launch_profiles.load_entrypoint()
+    no_cuda = str(tmp_path / "no-cuda")
+    warning = entrypoint.deepgemm_warning({"PATH": str(tmp_path)}, no_cuda)
+    assert warning is not None and warning.startswith("warning: SGLang starts DeepGEMM's JIT runtime")
+    assert "set SGLANG_ENABLE_JIT_DEEPGEMM=0, or mount a CUDA toolkit and set CUDA_HOME" in warning
+    assert warning.endswith("starting anyway")
+    for off in ("0", "false", "False", "no"):
+        assert entrypoint.deepgemm_warning({"PATH": str(tmp_path), "SGLANG_ENABLE_JIT_DEEPGEMM": off}, no_cuda) is None
+    toolkit = tmp_path / "cuda"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    assert entrypoint.deepgemm_warning({"PATH": str(tmp_path), "CUDA_HOME": str(toolkit)}, no_cuda) is not None  # not executable
+    (toolkit / "bin" / "nvcc").chmod(0o755)
+    assert entrypoint.deepgemm_warning({"PATH": str(tmp_path), "CUDA_HOME": str(toolkit)}, no_cuda) is None
+    assert entrypoint.deepgemm_warning({"PATH": str(toolkit / "bin")}, no_cuda) is None
+    assert entrypoint.deepgemm_warning({"PATH": str(tmp_path)}, str(toolkit)) is None
+    # Started anyway, the warning on stderr, the proof profile (which turns DeepGEMM off) without it.
+    proc = run_entrypoint(tmp_path, ["--model-path", "/m"], {})
+    assert proc.returncode == 0 and proc.stdout.startswith("exec: -m sglang.launch_server")
+    if not Path("/usr/local/cuda/bin/nvcc").exists():
+        assert "warning: SGLang starts DeepGEMM's JIT runtime" in proc.stderr, proc.stderr
+    proof = run_entrypoint(tmp_path, ["--print-profile", "kimi-k3-h200-proof"],
+                           {"MODEL_PATH": "/models/p", "PORT": "30000"})
+    assert proof.returncode == 0 and "DeepGEMM" not in proof.stderr, proof.stderr
 
 
 def flashkda_site(site: Path, fwd: bool = True) -> Path:
