@@ -649,9 +649,6 @@ def main(argv: Sequence[str]) -> int:
     if message:
         print(message, file=sys.stderr)
         return 2
-    for warning in (flashkda_warning(argv), deepgemm_warning(os.environ)):
-        if warning:
-            print(warning, file=sys.stderr)
     try:
         env = dict(os.environ)
         link_sglang_jit_cache(env)
@@ -659,6 +656,10 @@ def main(argv: Sequence[str]) -> int:
     except CacheError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # Warnings only for a server that starts (a refusal stays its one line).
+    for warning in (flashkda_warning(argv), deepgemm_warning(env)):
+        if warning:
+            print(warning, file=sys.stderr)
     os.environ.update(env)
     os.execvp("python3", ["python3", "-m", "sglang.launch_server", *argv])
     return 127  # not reached
