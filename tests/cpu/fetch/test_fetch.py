@@ -29,6 +29,8 @@ from tools.fetch import cli as fetch  # noqa: E402  (fetch.main: the CLI in-proc
 from tools.fetch import git as fetch_git  # noqa: E402
 from tools.fetch import place, sources  # noqa: E402
 from tools.pins import lock as lockfile  # noqa: E402
+from tests.cpu.fetch.fetch_testing import (  # noqa: E402
+    GIT_ENV, cas_entries, git, one_line, run_main, write_lock)
 
 # The CLI as users run it (`python3 -m tools.fetch`), with the repository root importable.
 FETCH_CLI = [sys.executable, "-m", "tools.fetch"]
@@ -154,12 +156,6 @@ def file_pin(url: str | list[str], data: bytes, filename: str = "artifact.bin", 
     return {"kind": "file", "filename": filename, "urls": urls, "sha256": sha(data), "size": len(data), **extra}
 
 
-def write_lock(tmp_path: Path, pins: dict[str, Any], stacks: dict[str, Any] | None = None) -> Path:
-    path = tmp_path / "pins.lock.json"
-    path.write_text(json.dumps({"schema_version": 1, "pins": pins, "stacks": stacks or {}}, indent=2))
-    return path
-
-
 def closed_port_url(path: str = "/x") -> str:
     import socket
 
@@ -167,23 +163,6 @@ def closed_port_url(path: str = "/x") -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}{path}"  # nothing listens there any more: connection refused
-
-
-def run_main(*argv: str) -> str:
-    """Run fetch.main in-process; returns stdout's last line (the printed path)."""
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert fetch.main(list(argv)) == 0
-    lines = out.getvalue().strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def cas_entries(cache: Path) -> list[Path]:
-    cas = cache / "cas" / "sha256"
-    return sorted(cas.iterdir()) if cas.exists() else []
 
 
 def tmp_entries(cache: Path) -> list[Path]:
@@ -197,22 +176,6 @@ def wait_ended(server: Server, path: str) -> str:
         assert time.monotonic() < deadline, "the server never finished the body"
         time.sleep(0.02)
     return server.ended[path]
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e)
-    assert "\n" not in text, f"error message must be one line: {text!r}"
-    return text
-
-
-GIT_ENV = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@example.com", GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
-               GIT_COMMITTER_DATE="2026-01-01T00:00:00Z", GIT_CONFIG_NOSYSTEM="1")
-
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    return subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args], cwd=cwd,
-                          env=GIT_ENV, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @dataclass

@@ -6,11 +6,8 @@ repositories this file makes under tmp_path; no network.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -30,12 +27,11 @@ from tools.fetch import cli as fetch  # noqa: E402
 from tools.fetch import git as fetch_git  # noqa: E402
 from tools.fetch.cache import tree_index_key  # noqa: E402
 from tools.pins import lock as lockfile  # noqa: E402
+from tests.cpu.fetch.fetch_testing import (  # noqa: E402
+    GIT_ENV, cas_entries, git, one_line, run_main, write_lock)
 
 REPOSITORY = "https://github.invalid/acme/cutlass"  # never reached: every source here is local
 PATHS = ["examples/common", "include", "tools/util/include"]
-GIT_ENV = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@example.com", GIT_AUTHOR_DATE="2026-01-01T00:00:00Z",
-               GIT_COMMITTER_DATE="2026-01-01T00:00:00Z", GIT_CONFIG_NOSYSTEM="1")
 
 
 @pytest.fixture(autouse=True)
@@ -44,40 +40,8 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KIMI_K3_CACHE", str(tmp_path / "env-cache"))
 
 
-def git(*args: str, cwd: Path | None = None, input: bytes | None = None) -> str:
-    return subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args], cwd=cwd,
-                          env=GIT_ENV, check=True, capture_output=True, input=input).stdout.decode().strip()
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e)
-    assert "\n" not in text, f"error message must be one line: {text!r}"
-    return text
-
-
-def run_main(*argv: str) -> str:
-    """fetch.main in-process; returns stdout's last line (the printed path or pin name)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert fetch.main(list(argv)) == 0
-    lines = out.getvalue().strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def write_lock(path: Path, pins: dict[str, Any]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    lock = path / "pins.lock.json"
-    lock.write_text(json.dumps({"schema_version": 1, "pins": pins, "stacks": {}}, indent=2))
-    return lock
-
-
-def cas_entries(cache: Path) -> list[Path]:
-    cas = cache / "cas" / "sha256"
-    return sorted(cas.iterdir()) if cas.exists() else []
 
 
 def tar_files(path: Path) -> list[str]:
