@@ -6,7 +6,7 @@ Usage:
         [--tree IMAGE_DIR=HOST_DIR]... [--site-tree HOST_DIR]... [--wheel WHEEL]... \
         [--wheel-dir DIR]... [--file IMAGE_PATH=HOST_FILE[:MODE]]... [--tar ROOTFS.tar]
         [--compression zstd|gzip|none]
-        [--kernel-cache-arch ARCH]
+        [--kernel-cache-arch ARCH] [--cuda-home]
 
 The descriptor JSON ({name, mediaType, digest, size, diff_id}) is what tools/image/layout.py reads.
 
@@ -14,6 +14,9 @@ The descriptor JSON ({name, mediaType, digest, size, diff_id}) is what tools/ima
 for another arch is refused: its flashinfer/data/aot/kernel_cache.json must say arch_list ARCH
 (an empty flashinfer/data/aot, a stack without a cache, passes). The image's kernel-cache layer
 sets it to the image's FLASHINFER_CUDA_ARCH_LIST, so no build flag can ship other kernels.
+
+--cuda-home: the layer also holds the image's CUDA home, /usr/local/cuda (tools/image/cuda_home.py
+says what it is and why the image needs one); the layer that installs the CUDA wheels sets it.
 
 The jobs live one per module: layer_contents (what a layer holds), wheel_install (wheels into a
 tree), layer_tar (the tar, its order and its descriptor; why it is hand-written), compression
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.image import cuda_home
 from tools.image.compression import MEDIA_TYPES
 from tools.image.layer_contents import LayerContents
 from tools.image.layer_tar import source_date_epoch, write_descriptor, write_layer
@@ -68,8 +72,11 @@ def check_kernel_cache_arch(flag: str, host_dir: Path, arch: str) -> None:
 
 
 def build_contents(trees: Iterable[str], site_trees: Iterable[str], wheels: Iterable[str],
-                   files: Iterable[str], tars: Iterable[str], staging: Path) -> LayerContents:
+                   files: Iterable[str], tars: Iterable[str], staging: Path,
+                   with_cuda_home: bool = False) -> LayerContents:
     contents = LayerContents()
+    if with_cuda_home:
+        cuda_home.add_to_layer(contents)
     for tar in tars:
         contents.add_tar(Path(tar))
     for raw in trees:
@@ -112,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the blob's encoding (default zstd; gzip for runtimes older than containerd 1.5 / Docker 23)")
     p.add_argument("--kernel-cache-arch", metavar="ARCH",
                    help="refuse a --tree/--site-tree kernel cache whose kernel_cache.json is for another arch")
+    p.add_argument("--cuda-home", action="store_true", help="add the image's CUDA home (tools/image/cuda_home.py)")
     p.add_argument("--source-date-epoch", default=None, help="default: $SOURCE_DATE_EPOCH")
     args = p.parse_args(argv)
     if args.out_tree is not None:
@@ -140,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".oci_layer_stage.", dir=args.out.parent) as staging:
         wheels = [*args.wheel, *wheels_in_dirs(args.wheel_dir)]
-        contents = build_contents(args.tree, args.site_tree, wheels, args.file, args.tar, Path(staging))
+        contents = build_contents(args.tree, args.site_tree, wheels, args.file, args.tar, Path(staging),
+                                  with_cuda_home=args.cuda_home)
         if not contents.entries:
             raise UserError(f"--name {args.name}: the layer has no inputs; pass --tree/--wheel/--file/--tar")
         desc = write_layer(contents, args.name, args.out, epoch, compression=args.compression)

@@ -43,6 +43,7 @@ from tools.common.files import dir_replaced_atomically, read_only_copy
 from tools.common.hashing import sha256_file
 from tools.common.jsondata import ANY, TEXT, ListOf, MapOf, Nullable, Object, json_path, load_json_file
 from tools.common.jsonfmt import review_json
+from tools.image import cuda_home
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 MANIFEST = "kimi-k3-sglang-jit.json"
@@ -201,7 +202,7 @@ def _tvm_ffi_identity(site: Path, out: Path) -> Path:
 
 class ImagePython:
     """The image's interpreter over the image's installed site-packages, in a scratch directory,
-    with the image's environment for SGLang (no compiler reachable, CUDA_HOME unset)."""
+    with the image's environment for SGLang (no compiler reachable; the image's CUDA home)."""
 
     def __init__(self, scratch: Path, base_tar: Path, site_trees: Sequence[Path], site_packages: str,
                  arch: str):
@@ -218,6 +219,11 @@ class ImagePython:
         merge_site_trees(self.site_trees, self.site_rel, self.site)
         no_tools = scratch / "no-compilers"
         no_tools.mkdir()
+        # The image's CUDA home (headers and libraries, no nvcc: tools/image/cuda_home.py). The
+        # image leaves CUDA_HOME unset, so SGLang resolves /usr/local/cuda there; here that is
+        # the scratch root's, named by CUDA_HOME. SGLang's `toolkit` anchor exists only where
+        # the directory does, so the keys need it, at the same place relative to site-packages.
+        self.cuda_home = cuda_home.make(root)
         self.env = {
             "PATH": str(no_tools),
             "HOME": str(scratch / "home"),
@@ -228,6 +234,8 @@ class ImagePython:
             # The image's own environment (image/BUILD.bazel IMAGE_ENV).
             "LD_LIBRARY_PATH": str(self.site / "nvidia" / "cu13" / "lib"),
             "FLASHINFER_CUDA_ARCH_LIST": arch,
+            # Resolved: SGLang anchors the toolkit by its resolved path and replaces that text.
+            "CUDA_HOME": str(self.cuda_home.resolve()),
         }
 
     def run_worker(self, request: dict[str, Any], extra_env: dict[str, str], what: str,

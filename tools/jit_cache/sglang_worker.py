@@ -11,8 +11,10 @@ installed tree, with what the runtime has and lacks:
 
   - the GPU: torch.cuda answers as the target device (capability, name); nothing else is faked;
   - the compilers: the image has none (no nvcc, no c++ on PATH, CUDA_HOME unset), so SGLang
-    fingerprints both as "unknown" and resolves the toolkit to /usr/local/cuda, as a container of
-    the image does; the key's build file is the one the runtime would generate.
+    fingerprints both as "unknown" and resolves the toolkit to /usr/local/cuda, the image's CUDA
+    home (links to the CUDA wheels' headers and libraries, no bin/: tools/image/cuda_home.py),
+    which the caller recreates in its scratch root and names by CUDA_HOME; the key's build file
+    is the one the runtime would generate.
 
 Only the compile itself is redirected (ninja.build): it runs the same spec with the pinned
 toolchain (nvcc and g++-12 given by the caller) and flags that make the bytes independent of where

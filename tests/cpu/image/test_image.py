@@ -269,6 +269,41 @@ def test_wheel_layer_installs_for_debian_python(tmp_path: Path) -> None:
         assert str(tmp_path).encode() not in compression.decompressed(raw).read(), "no build path leaks into the layer"
 
 
+def test_cuda_home_layer_links_the_cuda_wheels_and_holds_no_compiler(tmp_path: Path) -> None:
+    """--cuda-home (the torch layer's): /usr/local/cuda, where an unset CUDA_HOME resolves, as
+    links into the CUDA wheels' headers and libraries, and no bin/: DeepGEMM's import asserts a
+    CUDA home (SGLang's Kimi-K3 model imports it), and an nvcc there would change every SGLang JIT
+    key. Extracted, the links reach the wheel's files; the layer bytes are the same twice."""
+    from tools.image import cuda_home
+    tree = write_tree(tmp_path / "t", {f"{SITE}/nvidia/cu13/include/cuda.h": "header\n",
+                                       f"{SITE}/nvidia/cu13/lib/libcudart.so.13": "runtime\n",
+                                       f"{SITE}/nvidia/cu13/bin/nvcc": "nvcc\n"})
+    def torch_layer(out: Path) -> Path:
+        blob = out / "torch.tar.zst"
+        assert oci_layer.main(["--name", "torch", "--out", str(blob), "--descriptor", str(out / "torch.json"),
+                               "--tree", f"={tree}", "--cuda-home"]) == 0
+        return blob
+
+    b1 = torch_layer(tmp_path / "o1")
+    with compression.open_layer_blob(b1) as tf:
+        members = {m.name: m for m in tf}
+    assert members["usr/local/cuda"].isdir()
+    links = {n: m.linkname for n, m in members.items() if n.startswith("usr/local/cuda/")}
+    assert links == {"usr/local/cuda/include": "../lib/python3.11/dist-packages/nvidia/cu13/include",
+                     "usr/local/cuda/lib64": "../lib/python3.11/dist-packages/nvidia/cu13/lib"}
+    root = tmp_path / "root"
+    with compression.open_layer_blob(b1) as tf:
+        tf.extractall(root, filter="fully_trusted")
+    assert (root / "usr/local/cuda/include/cuda.h").read_text() == "header\n"
+    assert (root / "usr/local/cuda/lib64/libcudart.so.13").read_text() == "runtime\n"
+    assert not (root / "usr/local/cuda/bin").exists()
+    # The SGLang JIT build's scratch root gets the same directory (tools/jit_cache/sglang_aot.py).
+    made = cuda_home.make(tmp_path / "scratch")
+    assert {p.name: os.readlink(p) for p in made.iterdir()} == {n.rsplit("/", 1)[1]: t for n, t in links.items()}
+    b2 = torch_layer(tmp_path / "o2")
+    assert b1.read_bytes() == b2.read_bytes()
+
+
 def test_wheel_dir_layer_equals_wheel_layer(tmp_path: Path) -> None:
     # Bazel passes a repacked +kimik3 wheel as a directory output (its file name is only known
     # after the build): installing from the directory must give the very same layer.

@@ -64,6 +64,8 @@ def _oci_layer_impl(ctx):
         inputs.append(f)
     if ctx.attr.kernel_cache_arch:
         args.add("--kernel-cache-arch", ctx.attr.kernel_cache_arch)
+    if ctx.attr.cuda_home:
+        args.add("--cuda-home")
     run_tool(ctx, "image.layer", args, inputs, [blob, descriptor], "OciLayer", "Writing image layer %{label}")
     return [
         DefaultInfo(files = depset([blob, descriptor])),
@@ -76,6 +78,7 @@ def _oci_layer_impl(ctx):
             trees = [(image_dir, _single_file(t, "trees")) for t, image_dir in ctx.attr.trees.items()],
             site_trees = ctx.files.site_trees,
             files = [(image_path, _single_file(t, "files")) for t, image_path in ctx.attr.files.items()],
+            cuda_home = ctx.attr.cuda_home,
         ),
     ]
 
@@ -91,6 +94,7 @@ oci_layer = rule(
         "trees": attr.label_keyed_string_dict(allow_files = True, doc = "directory -> image directory"),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
         "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
+        "cuda_home": attr.bool(doc = "the layer also holds the image's CUDA home, /usr/local/cuda (tools/image/cuda_home.py): the layer that installs the CUDA wheels"),
         "source_date_epoch": attr.string(mandatory = True),
         "compression": _COMPRESSION,
     },

@@ -27,6 +27,7 @@ def _oci_rootfs_impl(ctx):
             "trees": [[d, _rlocation(f)] for d, f in info.trees],
             "site_trees": [_rlocation(f) for f in info.site_trees],
             "files": [[p, _rlocation(f)] for p, f in info.files],
+            "cuda_home": getattr(info, "cuda_home", False) or False,
         })
         parts += info.tars + [f for _, f in info.trees] + info.site_trees + [f for _, f in info.files]
         if info.installed:
