@@ -13,20 +13,21 @@ install: checks every part and the whole stream against manifest.json, unpacks t
 (the image's own trees always: /usr/bin/python3.11, its standard library, the site-packages, the
 entrypoint, /usr/share/kimi-k3; any other path only where the host has none, so the host's glibc,
 shell and python3 stay its own), links each CUDA library the bundle left to the host (manifest
-`from_host`) to the host torch's copy of it, links the driver's libcuda.so.1 where the image's
+`from_host`) to the host torch's copy of it (or copies the host CUDA toolkit's), links the driver's libcuda.so.1 where the image's
 TRITON_LIBCUDA_PATH says, and makes /opt/kimi-k3/bin/python3 the image's python3.11 (the
 entrypoint execs `python3`).
 
 preflight (before serve, seconds): under the image's python with the server's environment,
-the model's modules imported (--import) and every shipped SGLang JIT module looked up by SGLang's
-own loader: what would fail the server is named before it starts.
+the native libraries' dependencies resolved (`ldd`, --ldd), the model's modules imported
+(--import) and every shipped SGLang JIT module looked up by SGLang's own loader: what would fail
+the server is named before it starts.
 
 serve: the entrypoint with `--profile NAME`, the image's env (manifest `env`) and the profile's,
 MODEL_PATH and PORT set; `--mode record` starts it with `--record-first-use OUT/records`, `--mode verify`
 adds `--verify-first-use` (a compile after ready fails the server). Then the workload (tools/jit_cache/workload.py), then SIGTERM to the server's process
 group. `--no-compilers` (hide_compilers, undone when the server stops): PATH holds only the
 image's python3, CUDA_HOME is unset as in the image, the host's /usr/local/cuda is moved away
-for the run, the CUDA wheels' tools are moved out of the installed tree, and Triton's
+for the run and the image's CUDA home (headers and libraries, no nvcc) put in its place, the CUDA wheels' tools are moved out of the installed tree, and Triton's
 ptxas answers `--version` only (Triton keys every cache lookup on it): nothing can compile. OUT gets server.log, workload.json
 (timings), the records and summary.json (exit codes, seconds to ready, the counts).
 """
@@ -57,6 +58,11 @@ SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # host's libraries where both have one (the host's glibc is the newer; glibc keeps old symbols).
 IMAGE_OWNED = ("usr/lib/python3.11/", "usr/local/lib/python3.11/", "usr/share/kimi-k3/", "opt/kimi-k3/")
 IMAGE_OWNED_FILES = ("usr/bin/python3.11", "usr/local/bin/kimi-k3-entrypoint")
+# The image's CUDA home (/usr/local/cuda: links to the CUDA wheels' headers and libraries, no
+# nvcc; tools/image/cuda_home.py says why the image has one). A GPU host has its own toolkit
+# there, so install keeps the image's here, and --no-compilers puts it in the toolkit's place.
+IMAGE_CUDA_HOME = "usr/local/cuda"
+IMAGE_CUDA_STASH = "opt/kimi-k3/image-cuda-home"
 # Triton compiles its driver module (cuda_utils) at its first launch unless its cache holds it, and
 # the image has no Python.h to compile it with: it ships the module in its Triton tree.
 TRITON_DIR = "usr/share/kimi-k3/triton"
@@ -134,6 +140,9 @@ def install(bundle: str, root: str = "/") -> int:
             if member.name.startswith(("/", "..")) or "/../" in member.name:
                 raise SystemExit(f"error: bundle member {member.name!r} is outside the image's root")
             name = member.name.lstrip("./")
+            if name == IMAGE_CUDA_HOME or name.startswith(IMAGE_CUDA_HOME + "/"):
+                # Relative link targets hold once the directory is moved to /usr/local/cuda.
+                name = member.name = IMAGE_CUDA_STASH + name[len(IMAGE_CUDA_HOME):]
             owned = name.startswith(IMAGE_OWNED) or name in IMAGE_OWNED_FILES
             if not owned and os.path.lexists(os.path.join(root, name)):
                 kept += 1  # the host's own file (or directory) stays
@@ -146,26 +155,9 @@ def install(bundle: str, root: str = "/") -> int:
         # A trial unpack elsewhere (tests), or an overlay of trees over an installed bundle
         # (server_bundle --trees-only): the links and the env below are the full bundle's.
         return 0
-    image_site = SITE_PACKAGES
-    host_site = host_site_packages()
-    linked, missing = 0, []
-    for group, paths in manifest["from_host"].items():
-        for path in paths:
-            dest = "/" + path
-            rel = os.path.relpath(dest, image_site)
-            candidates = [os.path.join(host_site, rel)]
-            stem = os.path.basename(rel).split(".so")[0]
-            candidates += sorted(glob.glob(os.path.join(host_site, "nvidia", "**", stem + ".so*"), recursive=True))
-            source = next((c for c in candidates if os.path.exists(c)), None)
-            if source is None:
-                missing.append(rel)
-                continue
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            if os.path.lexists(dest):
-                os.unlink(dest)
-            os.symlink(source, dest)
-            linked += 1
-    log(f"linked {linked} CUDA libraries from the host's {host_site}; missing on the host: {missing or 'none'}")
+    linked, copied, missing = provide_host_libraries(manifest["from_host"], SITE_PACKAGES, host_site_packages())
+    log(f"CUDA libraries the bundle left to the host: {len(linked)} linked to the host torch's, {len(copied)} copied "
+        f"from its CUDA toolkit (which --no-compilers moves away); missing on the host: {missing or 'none'}")
     env = dict(e.split("=", 1) for e in manifest["env"])
     libcuda_dir = env.get("TRITON_LIBCUDA_PATH", "/usr/lib/x86_64-linux-gnu")
     if not os.path.exists(os.path.join(libcuda_dir, "libcuda.so.1")):
@@ -178,6 +170,53 @@ def install(bundle: str, root: str = "/") -> int:
     with open(os.path.join(SHIM_DIR, "..", "image-env.json"), "w") as f:
         json.dump(env, f)
     return 0
+
+
+def provide_host_libraries(from_host: dict[str, list[str]], image_site: str, host_site: str,
+                           toolkit: str = "/usr/local/cuda") -> tuple[list[str], list[str], list[str]]:
+    """Put each CUDA library the bundle left out (manifest `from_host`, image paths) at its image
+    path: a link to the host torch's copy where its site-packages has one, else a copy of the host
+    CUDA toolkit's (lib64, targets/*/lib). A toolkit library is copied, not linked, and a host
+    library that resolves into the toolkit too: `--no-compilers` moves the toolkit away for the
+    server's run, and a link into it would dangle then (the H100 replay's sixth try: the model's
+    modules stopped importing once /usr/local/cuda was gone). Returns (linked, copied, missing),
+    image-site-relative paths."""
+    toolkit_real = os.path.realpath(toolkit) if os.path.exists(toolkit) else None
+    toolkit_dirs = []
+    if toolkit_real:
+        toolkit_dirs = [os.path.join(toolkit_real, "lib64")] + sorted(glob.glob(os.path.join(toolkit_real, "targets", "*", "lib")))
+    linked: list[str] = []
+    copied: list[str] = []
+    missing: list[str] = []
+    for paths in from_host.values():
+        for path in paths:
+            rel = os.path.relpath("/" + path.lstrip("/"), SITE_PACKAGES)
+            dest = os.path.join(image_site, rel)
+            name = os.path.basename(rel)
+            stem = name.split(".so")[0]
+            candidates = [os.path.join(host_site, rel)]
+            candidates += sorted(glob.glob(os.path.join(host_site, "nvidia", "**", stem + ".so*"), recursive=True))
+            source = next((c for c in candidates if os.path.exists(c)), None)
+            in_toolkit = False
+            if source is None:
+                source = next((os.path.join(d, name) for d in toolkit_dirs if os.path.exists(os.path.join(d, name))), None)
+                in_toolkit = source is not None
+            elif toolkit_real and os.path.realpath(source).startswith(toolkit_real + os.sep):
+                in_toolkit = True
+            if source is None:
+                missing.append(rel)
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.lexists(dest):
+                os.unlink(dest)
+            if in_toolkit:
+                shutil.copy2(os.path.realpath(source), dest + ".tmp")
+                os.replace(dest + ".tmp", dest)
+                copied.append(rel)
+            else:
+                os.symlink(source, dest)
+                linked.append(rel)
+    return linked, copied, missing
 
 
 def write_shims(shim_dir: str) -> None:
@@ -208,28 +247,34 @@ HOST_CUDA = "/usr/local/cuda"
 
 
 def hide_compilers(env: dict[str, str], site_packages: str = SITE_PACKAGES,
-                   cuda_root: str = HOST_CUDA) -> list[tuple[str, str | None]]:
+                   cuda_root: str = HOST_CUDA,
+                   image_cuda: str = "/" + IMAGE_CUDA_STASH,
+                   keep_triton_ptxas: bool = False) -> list[tuple[str, str | None]]:
     """Make nvcc, ptxas and cc unusable for the server, and return what restore_compilers undoes
     ((path, where it was moved) or (path, None) for what this wrote), in order:
 
     - PATH is the image python's shim directory alone; CUDA_HOME and CUDA_PATH are unset, as in
       the image. SGLang's JIT build file names the toolkit's path (`-L<cuda>/lib64`), so any
       CUDA_HOME other than where the image resolves it (/usr/local/cuda) keys every module anew.
+      CC, CXX and CUDAHOSTCXX are unset too: SGLang fingerprints `$CXX --version`.
     - The host's toolkit at /usr/local/cuda (where unset CUDA_HOME resolves) is moved aside, and
-      nothing stands in its place: the image has none, and SGLang keys its JIT modules on whether
-      it exists (its `toolkit` anchor). An empty directory there (the second H100 run) gave every
-      module another key than the image build's; with none, SGLang's model modules failed to
-      import on that host (sgl_kernel's loader: an ImportError whose message starts with a blank
-      line), which the next run looks into (docs/measurements/2026-12-06.md).
+      the image's CUDA home (install keeps it at IMAGE_CUDA_STASH) takes its place: SGLang keys
+      its JIT modules on that directory (its `toolkit` anchor: an empty directory there gave
+      every module another key than the image build's), and DeepGEMM's import asserts one (with
+      nothing there, SGLang's Kimi-K3 model module did not import on an H100).
     - Triton's own ptxas cannot simply go: Triton 3.8 runs `ptxas --version` for every cache key,
       a hit included (backend.hash), so without it every lookup fails ("Cannot find ptxas"). It
       becomes a shim that prints the real one's --version text, byte for byte (the keys stay the
       image's), and fails anything else: nothing can be assembled.
     - The CUDA wheels' tools (nvidia/cu13/bin) are moved out of the installed tree.
+    `keep_triton_ptxas` (serve --keep-triton-ptxas, for a recording run): Triton's own ptxas
+    stays, so a kernel the shipped cache lacks compiles and is recorded in the image's
+    environment; everything else is hidden as above.
     On any error, what was done so far is undone before the error propagates."""
     done: list[tuple[str, str | None]] = []
     try:
-        for ptxas in sorted(glob.glob(os.path.join(site_packages, "triton/backends/nvidia/bin/ptxas*"))):
+        ptxas_found = [] if keep_triton_ptxas else glob.glob(os.path.join(site_packages, "triton/backends/nvidia/bin/ptxas*"))
+        for ptxas in sorted(ptxas_found):
             if ptxas.endswith(HIDDEN):
                 continue
             version = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=True).stdout
@@ -251,8 +296,13 @@ def hide_compilers(env: dict[str, str], site_packages: str = SITE_PACKAGES,
         if os.path.lexists(cuda_root):
             os.replace(cuda_root, cuda_root + HIDDEN)
             done.append((cuda_root, cuda_root + HIDDEN))
+        if not os.path.isdir(image_cuda):
+            raise SystemExit(f"error: {image_cuda}: the image's CUDA home is not installed; install a bundle "
+                             "made from an image whose torch layer holds /usr/local/cuda")
+        os.replace(image_cuda, cuda_root)
+        done.append((image_cuda, cuda_root))
         env["PATH"] = SHIM_DIR
-        for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH"):
+        for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "CC", "CXX", "CUDAHOSTCXX"):
             env.pop(name, None)
         for tool in ("nvcc", "ptxas", "cc", "gcc", "c++", "g++"):
             if shutil.which(tool, path=env["PATH"]):
@@ -275,24 +325,62 @@ def restore_compilers(done: list[tuple[str, str | None]]) -> None:
             os.replace(hidden, path)
 
 
-def server_env(extra: list[str], profile: str | None = None) -> dict[str, str]:
+# What a container of the image gets from its runtime rather than from the image: kept from the
+# host's environment where the server runs as the image would (--no-compilers).
+HOST_ENV_KEPT = ("HOME", "HOSTNAME", "LANG", "TERM", "TZ", "USER", "CUDA_VISIBLE_DEVICES")
+HOST_ENV_KEPT_PREFIXES = ("LC_", "NVIDIA_")
+
+
+def server_env(extra: list[str], profile: str | None = None, as_image: bool = False) -> dict[str, str]:
     """The server's environment: this host's, less its Python settings, with the image's env
     (manifest `env`), the profile's `env` when one is named (what the entrypoint adds), then
-    --env NAME=VALUE; the image python's shim directory first on PATH."""
+    --env NAME=VALUE; the image python's shim directory first on PATH. `as_image`
+    (--no-compilers): of the host's, only what a container runtime gives (HOST_ENV_KEPT). A
+    host's CXX, say, goes into every SGLang JIT key (its host compiler's `--version`); the
+    second H100 session's preflight found the host's CXX=/opt/gcc/bin/g++ there."""
     with open(os.path.join(SHIM_DIR, "..", "image-env.json")) as f:
         image_env = json.load(f)
     env = dict(os.environ)
+    if as_image:
+        env = {k: v for k, v in env.items() if k in HOST_ENV_KEPT or k.startswith(HOST_ENV_KEPT_PREFIXES)}
     for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
         env.pop(name, None)
     env.update(image_env)
     if profile:
         with open(os.path.join(PROFILES_DIR, profile + ".json")) as f:
             env.update(json.load(f).get("env", {}))
-    env["PATH"] = SHIM_DIR + ":" + env.get("PATH", "")
+    env["PATH"] = ":".join([SHIM_DIR] + ([env["PATH"]] if env.get("PATH") else []))
     for item in extra:
         name, _, value = item.partition("=")
         env[name] = value
     return env
+
+
+# The native libraries whose load failures the replay met or would meet first: sgl_kernel's ops
+# (NEEDED: cuBLAS, NVRTC, the runtime and libcuda, found through LD_LIBRARY_PATH alone: no
+# RUNPATH) and torch's CUDA library.
+LDD_DEFAULT = ("sgl_kernel/sm90/common_ops*.so", "sgl_kernel/sm100/common_ops*.so", "torch/lib/libtorch_cuda.so")
+
+
+def unresolved_libraries(patterns: list[str], env: dict[str, str], site_packages: str | None = None) -> list[str]:
+    """`ldd` of each library matching the patterns (site-packages-relative) under the server's
+    environment: one line per dependency the dynamic loader would not find, naming both."""
+    site_packages = site_packages or SITE_PACKAGES
+    # The host's ldd: --no-compilers leaves only the image python's shims on the server's PATH.
+    ldd = shutil.which("ldd", path=env.get("PATH")) or shutil.which("ldd") or "ldd"
+    problems = []
+    for pattern in patterns:
+        found = sorted(glob.glob(os.path.join(site_packages, pattern)))
+        if not found:
+            problems.append(f"{pattern}: no such library under {site_packages}")
+        for path in found:
+            done = subprocess.run([ldd, path], env=env, capture_output=True, text=True)
+            for line in done.stdout.splitlines():
+                if "not found" in line:
+                    problems.append(f"{path}: {line.strip()}")
+            if done.returncode != 0 and not done.stdout:
+                problems.append(f"{path}: ldd failed: {done.stderr.strip()}")
+    return problems
 
 
 def capability_of(target: str) -> tuple[int, int]:
@@ -308,10 +396,13 @@ def preflight(args: argparse.Namespace) -> int:
     look up every shipped SGLang JIT module with SGLang's own loader and
     SGLANG_CRASH_ON_JIT_COMPILE=1 (tools/jit_cache/sglang_worker.py's check): a module whose key
     this host computes differently is named with the scope it looked in and the leaf shipped."""
-    env = server_env(args.env, args.profile)
+    env = server_env(args.env, args.profile, as_image=args.no_compilers)
     hidden = hide_compilers(env) if args.no_compilers else []
     failed = 0
     try:
+        for problem in unresolved_libraries(args.ldd or list(LDD_DEFAULT), env):
+            failed += 1
+            print(f"server_host: preflight: {problem}", file=sys.stderr)
         for module in args.imports:
             done = subprocess.run([IMAGE_PYTHON, "-c", f"import {module}"], env=env, capture_output=True, text=True)
             if done.returncode != 0:
@@ -380,7 +471,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    env = server_env(args.env)
+    env = server_env(args.env, as_image=args.no_compilers)
     env.update(MODEL_PATH=os.path.abspath(args.model), PORT=str(args.port), PYTHONUNBUFFERED="1")
     records = os.path.join(out, "records")
     flags: list[str] = []
@@ -397,9 +488,14 @@ def serve(args: argparse.Namespace) -> int:
         if args.mode == "verify":
             env["KIMI_K3_FIRST_USE_VERIFY"] = "1"
         flags = []
-    hidden = hide_compilers(env) if args.no_compilers else []
+    if args.keep_triton_ptxas and not (args.no_compilers and args.mode == "record"):
+        print("server_host: error: --keep-triton-ptxas: only with --mode record --no-compilers (a recording in the "
+              "image's environment); the replay hides every compiler", file=sys.stderr)
+        return 2
+    hidden = hide_compilers(env, keep_triton_ptxas=args.keep_triton_ptxas) if args.no_compilers else []
     if hidden:
-        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME unset, {HOST_CUDA} moved away, Triton's ptxas answers "
+        log(f"compilers hidden: PATH={env['PATH']}, CUDA_HOME unset, the host's {HOST_CUDA} moved away and the "
+            f"image's in its place, Triton's ptxas answers "
             f"--version only ({len(hidden)} steps to undo)")
     try:
         return run_server(args, env, flags, out, hidden)
@@ -461,9 +557,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--no-compilers", action="store_true")
+    p.add_argument("--keep-triton-ptxas", action="store_true",
+                   help="with --mode record --no-compilers: record in the image's environment, Triton's ptxas left "
+                   "usable so a kernel the shipped cache lacks compiles and is recorded")
     p = sub.add_parser("preflight", help="before serve: the model's imports and the shipped SGLang JIT keys, in seconds")
     p.add_argument("--profile", required=True)
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    p.add_argument("--ldd", action="append", default=[], metavar="GLOB",
+                   help="site-packages-relative libraries whose dependencies must resolve (default: sgl_kernel's "
+                   "common_ops, torch's libtorch_cuda)")
     p.add_argument("--worker", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jit_cache",
                                                    "sglang_worker.py"))
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")

@@ -358,13 +358,22 @@ def install_triton(_module):
             spec = pending.pop(id(fn), None)
         with rec.lock:
             rec.pending_parts[id(src)] = (parts, spec)
-        if rec.verify and rec.phase() == AFTER_READY and knobs.runtime.add_stages_inspection_hook is None:
-            # Fail before the compile, not after it: look where compile() will look.
+        if rec.verify and knobs.runtime.add_stages_inspection_hook is None:
+            # Look where compile() will look, before it compiles.
             digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
             name = f"{src.name[:150]}.json"
             group = cache.get_cache_manager(digest).get_group(name)
             if not group or name not in group or knobs.compilation.always_compile:
-                rec.violation("triton", src_kernel(src), triton_dir_key(digest), "would compile (not in TRITON_CACHE_DIR)")
+                if rec.phase() == AFTER_READY:
+                    rec.violation("triton", src_kernel(src), triton_dir_key(digest), "would compile (not in TRITON_CACHE_DIR)")
+                # A miss before ready: written now, with the key's parts and the specialization,
+                # since with the compilers hidden the compile fails and takes the process along
+                # (the replay on an H100 lost which specialization missed that way).
+                rec.add(("triton", src_kernel(src), triton_dir_key(digest)),
+                        {"kind": "triton", "kernel": src_kernel(src), "key": triton_dir_key(digest),
+                         "key_parts": parts, "specialization": spec, "phase": rec.phase(), "cache_hit": False},
+                        merge_triton)
+                rec.flush()
         return key
 
     compiler.get_cache_key = get_cache_key_recorded

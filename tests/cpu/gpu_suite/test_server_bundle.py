@@ -19,12 +19,16 @@ from tools.gpu_suite import server_bundle
 HOST = Path(server_bundle.__file__).with_name("server_host.py")
 
 
-def _layer(tmp: Path, name: str, files: dict[str, bytes]) -> Path:
+def _layer(tmp: Path, name: str, files: dict[str, bytes | str]) -> Path:
     """A built layer as the image's layer action leaves it (gzip here: zstd needs its CLI)."""
     blob = tmp / f"layer_{name}.tar.zst"
     with tarfile.open(blob, "w:gz") as tar:
         for path, data in files.items():
             info = tarfile.TarInfo(path)
+            if isinstance(data, str):  # a symlink to this target
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+                continue
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     meta = tmp / f"layer_{name}.layer.json"
@@ -40,7 +44,8 @@ def layers(tmp_path: Path) -> list[Path]:
         _layer(tmp_path, "base", {"usr/bin/python3.11": b"python", "usr/lib/x86_64-linux-gnu/libc.so.6": b"debian libc",
                                   "usr/lib/x86_64-linux-gnu/libffi.so.8": b"debian libffi"}),
         _layer(tmp_path, "torch", {f"{site}/torch/__init__.py": b"torch",
-                                   f"{site}/nvidia/cu13/lib/libcublas.so.13": b"cublas from the wheel"}),
+                                   f"{site}/nvidia/cu13/lib/libcublas.so.13": b"cublas from the wheel",
+                                   "usr/local/cuda/include": "../lib/python3.11/dist-packages/nvidia/cu13/include"}),
         _layer(tmp_path, "kernel_cache", {f"{site}/flashinfer/data/aot/sm120.so": b"sm120"}),
         _layer(tmp_path, "entrypoint", {"usr/local/bin/kimi-k3-entrypoint": b"entry"}),
     ]
@@ -80,8 +85,13 @@ def test_the_hosts_own_files_stay_and_the_images_own_trees_win(tmp_path, layers)
     (root / "usr/lib/x86_64-linux-gnu/libc.so.6").write_bytes(b"host libc")
     (root / "usr/bin").mkdir(parents=True)
     (root / "usr/bin/python3.11").write_bytes(b"host python3.11")
+    (root / "usr/local/cuda/bin").mkdir(parents=True)
+    (root / "usr/local/cuda/bin/nvcc").write_bytes(b"host nvcc")
     proc = _install(tmp_path / "b", root)
     assert proc.returncode == 0, proc.stderr
+    # The image's CUDA home waits beside the host's toolkit for --no-compilers to swap them.
+    assert sorted(p.name for p in (root / "usr/local/cuda").iterdir()) == ["bin"]
+    assert (root / "opt/kimi-k3/image-cuda-home/include").is_symlink()
     assert (root / "usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes() == b"host libc"
     assert (root / "usr/lib/x86_64-linux-gnu/libffi.so.8").read_bytes() == b"debian libffi"
     assert (root / "usr/bin/python3.11").read_bytes() == b"python"
@@ -206,33 +216,116 @@ def test_no_compilers_leaves_nothing_that_compiles_and_undoes_itself(tmp_path):
     cuda = tmp_path / "usr-local-cuda"
     (cuda / "bin").mkdir(parents=True)
     (cuda / "bin/nvcc").write_text("#!/bin/sh\n")
+    # The image's CUDA home as install keeps it: links, no bin/.
+    image_cuda = tmp_path / "image-cuda-home"
+    image_cuda.mkdir()
+    (image_cuda / "include").symlink_to("../lib/python3.11/dist-packages/nvidia/cu13/include")
     before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     expected_version = subprocess.run([str(triton_bin / "ptxas"), "--version"], capture_output=True, text=True).stdout
 
-    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/x", "TRITON_PTXAS_PATH": "/y"}
-    done = host.hide_compilers(env, str(site), str(cuda))
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/x", "TRITON_PTXAS_PATH": "/y",
+           "CXX": "/opt/gcc/bin/g++", "CC": "gcc"}
+    done = host.hide_compilers(env, str(site), str(cuda), str(image_cuda))
     try:
-        assert env["PATH"] == host.SHIM_DIR and not {"CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH"} & set(env)
+        assert env == {"PATH": host.SHIM_DIR}
         version = subprocess.run([str(triton_bin / "ptxas"), "--version"], capture_output=True, text=True)
         assert version.returncode == 0 and version.stdout == expected_version
         compile_ = subprocess.run([str(triton_bin / "ptxas"), "-arch=sm_90a", "k.ptx"], capture_output=True, text=True)
         assert compile_.returncode == 1 and "hidden by server_host --no-compilers" in compile_.stderr
         assert (triton_bin / "cuobjdump").exists()  # not a compiler, and Triton's key does not read it
-        # Nothing where unset CUDA_HOME resolves, as in the image (SGLang keys on its existence).
-        assert not (wheel_bin / "nvcc").exists() and not os.path.lexists(cuda)
+        # Where unset CUDA_HOME resolves, the image's CUDA home and no nvcc (SGLang keys on the
+        # directory, DeepGEMM's import asserts it).
+        assert not (wheel_bin / "nvcc").exists() and not (cuda / "bin").exists()
+        assert os.readlink(cuda / "include") == "../lib/python3.11/dist-packages/nvidia/cu13/include"
+        assert not image_cuda.exists()
     finally:
         host.restore_compilers(done)
     after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before and not list(tmp_path.rglob("*" + host.HIDDEN))
+    assert (image_cuda / "include").is_symlink() and (cuda / "bin/nvcc").exists()
+
+    # A recording in the image's environment keeps Triton's ptxas alone.
+    done = host.hide_compilers({}, str(site), str(cuda), str(image_cuda), keep_triton_ptxas=True)
+    try:
+        assert (triton_bin / "ptxas").read_text() == real and not (wheel_bin / "nvcc").exists()
+        assert os.readlink(cuda / "include").endswith("nvidia/cu13/include")
+    finally:
+        host.restore_compilers(done)
+    assert (cuda / "bin/nvcc").exists() and (image_cuda / "include").is_symlink()
 
     # A step that fails (here: a ptxas that cannot answer --version) leaves nothing moved.
     (triton_bin / "ptxas").write_text("#!/bin/sh\nexit 3\n")
     before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(subprocess.CalledProcessError):
-        host.hide_compilers({}, str(site), str(cuda))
+        host.hide_compilers({}, str(site), str(cuda), str(image_cuda))
     after = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before and (cuda / "bin/nvcc").exists()
     assert os.access(triton_bin / "ptxas", os.X_OK)
+
+
+def _server_host():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("server_host", HOST)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    return host
+
+
+def test_left_out_libraries_come_from_the_host_torch_or_are_copied_from_its_toolkit(tmp_path):
+    """install puts each CUDA library the bundle left out at its image path: a link to the host
+    torch's copy, else a copy of the host toolkit's, never a link into the toolkit, which
+    --no-compilers moves away (the sixth H100 try: the model's modules stopped importing)."""
+    host = _server_host()
+    image_site = tmp_path / "image-site"
+    host_site = tmp_path / "host-site"
+    (host_site / "nvidia/cu13/lib").mkdir(parents=True)
+    (host_site / "nvidia/cu13/lib/libcublas.so.13").write_bytes(b"cublas")
+    toolkit_real = tmp_path / "cuda-13.0"
+    (toolkit_real / "targets/x86_64-linux/lib").mkdir(parents=True)
+    (toolkit_real / "targets/x86_64-linux/lib/libnvrtc.so.13").write_bytes(b"nvrtc")
+    (toolkit_real / "targets/x86_64-linux/lib/libcufft.so.12").write_bytes(b"cufft")
+    (toolkit_real / "lib64").symlink_to("targets/x86_64-linux/lib")
+    toolkit = tmp_path / "cuda"
+    toolkit.symlink_to(toolkit_real)
+    # A host torch library that is itself a link into the toolkit.
+    (host_site / "nvidia/cu13/lib/libcufft.so.12").symlink_to(toolkit / "lib64/libcufft.so.12")
+    lib = host.SITE_PACKAGES.lstrip("/") + "/nvidia/cu13/lib/"
+    from_host = {"cuBLAS": [lib + "libcublas.so.13"], "NVRTC": [lib + "libnvrtc.so.13"],
+                 "cuFFT": [lib + "libcufft.so.12"], "cuRAND": [lib + "libcurand.so.10"]}
+    linked, copied, missing = host.provide_host_libraries(from_host, str(image_site), str(host_site), str(toolkit))
+    assert linked == ["nvidia/cu13/lib/libcublas.so.13"]
+    assert sorted(copied) == ["nvidia/cu13/lib/libcufft.so.12", "nvidia/cu13/lib/libnvrtc.so.13"]
+    assert missing == ["nvidia/cu13/lib/libcurand.so.10"]
+    out = image_site / "nvidia/cu13/lib"
+    assert (out / "libcublas.so.13").is_symlink()
+    toolkit.unlink()  # what --no-compilers does for the server's run
+    assert (out / "libnvrtc.so.13").read_bytes() == b"nvrtc" and not (out / "libnvrtc.so.13").is_symlink()
+    assert (out / "libcufft.so.12").read_bytes() == b"cufft" and not (out / "libcufft.so.12").is_symlink()
+    assert (out / "libcublas.so.13").read_bytes() == b"cublas"
+    assert not list(out.glob("*.tmp"))
+
+
+def test_the_server_env_as_the_image_keeps_only_what_a_container_runtime_gives(tmp_path, monkeypatch):
+    """--no-compilers runs the server as the image would: of the host's environment only what a
+    container runtime sets (the GPUs, HOME, the locale), then the image's env and the profile's.
+    A host's CXX (the second H100 session's: /opt/gcc/bin/g++) goes into every SGLang JIT key."""
+    host = _server_host()
+    shim = tmp_path / "opt/kimi-k3/bin"
+    shim.mkdir(parents=True)
+    (shim.parent / "image-env.json").write_text(json.dumps({"LD_LIBRARY_PATH": "/image/lib"}))
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "p.json").write_text(json.dumps({"env": {"SGLANG_ENABLE_JIT_DEEPGEMM": "0"}}))
+    host.SHIM_DIR, host.PROFILES_DIR = str(shim), str(profiles)
+    for name, value in {"CXX": "/opt/gcc/bin/g++", "CPATH": "/opt/include", "PYTHONPATH": "/x", "HOME": "/root",
+                        "NVIDIA_VISIBLE_DEVICES": "all", "PATH": "/usr/bin"}.items():
+        monkeypatch.setenv(name, value)
+    env = host.server_env(["EXTRA=1"], "p", as_image=True)
+    assert env == {"HOME": "/root", "NVIDIA_VISIBLE_DEVICES": "all", "LD_LIBRARY_PATH": "/image/lib",
+                   "SGLANG_ENABLE_JIT_DEEPGEMM": "0", "EXTRA": "1", "PATH": str(shim)} | {
+        k: v for k, v in env.items() if k.startswith("LC_") or k in ("LANG", "TERM", "TZ", "USER", "HOSTNAME")}
+    loose = host.server_env([], None)
+    assert loose["CXX"] == "/opt/gcc/bin/g++" and loose["PATH"] == f"{shim}:/usr/bin" and "PYTHONPATH" not in loose
 
 
 def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_otherwise(tmp_path, capsys):
@@ -271,7 +364,15 @@ def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_other
         sys.executable, str(shim), str(profiles), str(jit))
     args = host.main.__globals__["argparse"].Namespace(
         profile="p", imports=["json", "no_such_module_here"], env=[], no_compilers=False,
-        worker=str(worker))
+        worker=str(worker), ldd=["lib/*.so"])
+    site = tmp_path / "site"
+    (site / "lib").mkdir(parents=True)
+    (site / "lib/libops.so").write_bytes(b"")
+    host.SITE_PACKAGES = str(site)
+    # ldd is the host's; a stand-in on the server's PATH says what it would of a missing library.
+    (shim / "ldd").write_text("#!/bin/sh\nprintf '\\tlibcuda.so.1 => /usr/lib/libcuda.so.1\\n"
+                              "\\tlibnvrtc.so.13 => not found\\n'\n")
+    (shim / "ldd").chmod(0o755)
     # The stand-in worker is given the cache directory as its second argument to check it.
     real_run = host.subprocess.run
 
@@ -288,6 +389,7 @@ def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_other
     captured = capsys.readouterr()
     err = captured.out + captured.err
     assert "import json: ok" in err
+    assert f"preflight: {site}/lib/libops.so: libnvrtc.so.13 => not found" in err and "libcuda" not in err
     assert "import no_such_module_here failed:" in err and "ModuleNotFoundError" in err
     assert ("k.m:two(): RuntimeError: JIT module two has no usable cached build (looked in "
             "/c/sm90a/two/build-eee; shipped: sm90a/two/build-ccc/deps-d)") in err

@@ -386,8 +386,10 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(triton_tree: Path | None, fixtures: Path, cache: Path, steps: list[str], *, record: Path | None = None,
-        verify: bool = False, root: str | None = None, script: str = "run_kernels.py") -> subprocess.CompletedProcess[str]:
+        verify: bool = False, root: str | None = None, script: str = "run_kernels.py",
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_", "TRITON_", "PYTHON"))}
+    env.update(extra_env or {})
     path = [str(SITE), str(fixtures)] + ([str(triton_tree)] if triton_tree else [])
     env.update(PYTHONPATH=os.pathsep.join(path), TRITON_CACHE_DIR=str(cache), STANDIN_CACHE=str(cache),
                PYTHONDONTWRITEBYTECODE="1")
@@ -531,6 +533,25 @@ def test_verify_fails_a_compile_after_ready_naming_the_kernel(triton_tree: Path,
     bench = run(triton_tree, fixtures, cache, ["ready", "scale:7"], verify=True)
     assert bench.returncode == 3, bench.stdout + bench.stderr
     assert f"first-use verify: triton-autotune {KERNELS}:scale benchmarked its configs" in bench.stderr
+
+
+def test_verify_writes_a_miss_before_ready_before_its_compile_fails(triton_tree: Path, fixtures: Path,
+                                                                   tmp_path: Path) -> None:
+    """The replay hides the compilers, so a kernel the shipped cache lacks fails in ptxas before
+    ready and takes the process along: the record must already hold that miss with the key's
+    parts and the specialization (an H100 replay lost exactly which specialization missed)."""
+    real = next(triton_tree.glob("triton/backends/nvidia/bin/ptxas"))
+    shim = tmp_path / "ptxas"
+    shim.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then exec {real} --version; fi\nexit 1\n')
+    shim.chmod(0o755)
+    record = tmp_path / "record"
+    done = run(triton_tree, fixtures, tmp_path / "triton", ["add_one:128"], verify=True, record=record,
+               extra_env={"TRITON_PTXAS_PATH": str(shim)})
+    # The fixture's script catches the launch's error and says so (a server's scheduler dies of it).
+    assert "caught: PTXASError" in done.stdout, done.stdout + done.stderr
+    [entry] = entries(only_record(record), "triton", "add_one")
+    assert entry["cache_hit"] is False and entry["phase"] == "before_ready"
+    assert entry["key"] and entry["key_parts"]["constants"] and entry["specialization"]["constant_vals"]
 
 
 def record_with(tmp_path: Path, triton_tree: Path, fixtures: Path) -> tuple[Path, Path, dict[str, Any]]:
