@@ -333,7 +333,7 @@ def flashkda_warning(args: Sequence[str], installed: bool | None = None) -> str 
 # DeepGEMM has the SM120 APIs (this image's sgl-deep-gemm does); the model runner then calls
 # deep_gemm.set_pdl, whose JIT runtime asserts an executable nvcc under CUDA_HOME (else found on
 # PATH, else /usr/local/cuda). The image's CUDA home (/usr/local/cuda: the CUDA wheels' headers
-# and libraries, tools/image/cuda_home.py) has no bin/, nothing is on PATH, and no host compiler
+# and libraries, tools/common/cuda_home.py) has no bin/, nothing is on PATH, and no host compiler
 # could finish a compile: seen on an H100, where the server died there
 # (docs/measurements/2026-12-06.md).
 DEEPGEMM_JIT_VAR = "SGLANG_ENABLE_JIT_DEEPGEMM"

@@ -59,7 +59,7 @@ SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 IMAGE_OWNED = ("usr/lib/python3.11/", "usr/local/lib/python3.11/", "usr/share/kimi-k3/", "opt/kimi-k3/")
 IMAGE_OWNED_FILES = ("usr/bin/python3.11", "usr/local/bin/kimi-k3-entrypoint")
 # The image's CUDA home (/usr/local/cuda: links to the CUDA wheels' headers and libraries, no
-# nvcc; tools/image/cuda_home.py says why the image has one). A GPU host has its own toolkit
+# nvcc; tools/common/cuda_home.py says why the image has one). A GPU host has its own toolkit
 # there, so install keeps the image's here, and --no-compilers puts it in the toolkit's place.
 IMAGE_CUDA_HOME = "usr/local/cuda"
 IMAGE_CUDA_STASH = "opt/kimi-k3/image-cuda-home"

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from tools.common.errors import UserError
-from tools.image import cuda_home
+from tools.common import cuda_home
 from tools.image.layout import blob_path, config_env, read_index_manifest
 from tools.image.wheel_install import SITE_PACKAGES
 
@@ -107,7 +107,7 @@ def mounted_rootfs_plan(plan_path: Path, work: Path, runfiles: Path | None = Non
         for d in layer["site_trees"]:
             shutil.copytree(base / d, parts / SITE_PACKAGES, symlinks=True, dirs_exist_ok=True)
         if layer.get("cuda_home"):
-            cuda_home.make(parts)
+            cuda_home.make(parts, SITE_PACKAGES)
         lower.append(parts)
         if layer["installed"]:
             lower.append((base / layer["installed"]).resolve())

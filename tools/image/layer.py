@@ -15,7 +15,7 @@ for another arch is refused: its flashinfer/data/aot/kernel_cache.json must say 
 (an empty flashinfer/data/aot, a stack without a cache, passes). The image's kernel-cache layer
 sets it to the image's FLASHINFER_CUDA_ARCH_LIST, so no build flag can ship other kernels.
 
---cuda-home: the layer also holds the image's CUDA home, /usr/local/cuda (tools/image/cuda_home.py
+--cuda-home: the layer also holds the image's CUDA home, /usr/local/cuda (tools/common/cuda_home.py
 says what it is and why the image needs one); the layer that installs the CUDA wheels sets it.
 
 The jobs live one per module: layer_contents (what a layer holds), wheel_install (wheels into a
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tools.common.errors import UserError, run_cli
-from tools.image import cuda_home
+from tools.common import cuda_home
 from tools.image.compression import MEDIA_TYPES
-from tools.image.layer_contents import LayerContents
+from tools.image.layer_contents import Entry, LayerContents
 from tools.image.layer_tar import source_date_epoch, write_descriptor, write_layer
 from tools.image.wheel_install import SITE_PACKAGES, install_wheels, wheels_in_dirs
 
@@ -76,7 +76,9 @@ def build_contents(trees: Iterable[str], site_trees: Iterable[str], wheels: Iter
                    with_cuda_home: bool = False) -> LayerContents:
     contents = LayerContents()
     if with_cuda_home:
-        cuda_home.add_to_layer(contents)
+        contents.add(Entry(cuda_home.CUDA_HOME, "dir", 0o755), "--cuda-home")
+        for name, target in cuda_home.links(SITE_PACKAGES).items():
+            contents.add(Entry(f"{cuda_home.CUDA_HOME}/{name}", "symlink", 0o777, linkname=target), "--cuda-home")
     for tar in tars:
         contents.add_tar(Path(tar))
     for raw in trees:
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the blob's encoding (default zstd; gzip for runtimes older than containerd 1.5 / Docker 23)")
     p.add_argument("--kernel-cache-arch", metavar="ARCH",
                    help="refuse a --tree/--site-tree kernel cache whose kernel_cache.json is for another arch")
-    p.add_argument("--cuda-home", action="store_true", help="add the image's CUDA home (tools/image/cuda_home.py)")
+    p.add_argument("--cuda-home", action="store_true", help="add the image's CUDA home (tools/common/cuda_home.py)")
     p.add_argument("--source-date-epoch", default=None, help="default: $SOURCE_DATE_EPOCH")
     args = p.parse_args(argv)
     if args.out_tree is not None:

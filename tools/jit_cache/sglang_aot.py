@@ -43,7 +43,7 @@ from tools.common.files import dir_replaced_atomically, read_only_copy
 from tools.common.hashing import sha256_file
 from tools.common.jsondata import ANY, TEXT, ListOf, MapOf, Nullable, Object, json_path, load_json_file
 from tools.common.jsonfmt import review_json
-from tools.image import cuda_home
+from tools.common import cuda_home
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 MANIFEST = "kimi-k3-sglang-jit.json"
@@ -219,11 +219,11 @@ class ImagePython:
         merge_site_trees(self.site_trees, self.site_rel, self.site)
         no_tools = scratch / "no-compilers"
         no_tools.mkdir()
-        # The image's CUDA home (headers and libraries, no nvcc: tools/image/cuda_home.py). The
+        # The image's CUDA home (headers and libraries, no nvcc: tools/common/cuda_home.py). The
         # image leaves CUDA_HOME unset, so SGLang resolves /usr/local/cuda there; here that is
         # the scratch root's, named by CUDA_HOME. SGLang's `toolkit` anchor exists only where
         # the directory does, so the keys need it, at the same place relative to site-packages.
-        self.cuda_home = cuda_home.make(root)
+        self.cuda_home = cuda_home.make(root, site_packages)
         self.env = {
             "PATH": str(no_tools),
             "HOME": str(scratch / "home"),

@@ -12,7 +12,7 @@ installed tree, with what the runtime has and lacks:
   - the GPU: torch.cuda answers as the target device (capability, name); nothing else is faked;
   - the compilers: the image has none (no nvcc, no c++ on PATH, CUDA_HOME unset), so SGLang
     fingerprints both as "unknown" and resolves the toolkit to /usr/local/cuda, the image's CUDA
-    home (links to the CUDA wheels' headers and libraries, no bin/: tools/image/cuda_home.py),
+    home (links to the CUDA wheels' headers and libraries, no bin/: tools/common/cuda_home.py),
     which the caller recreates in its scratch root and names by CUDA_HOME; the key's build file
     is the one the runtime would generate.
 

@@ -274,7 +274,7 @@ def test_cuda_home_layer_links_the_cuda_wheels_and_holds_no_compiler(tmp_path: P
     links into the CUDA wheels' headers and libraries, and no bin/: DeepGEMM's import asserts a
     CUDA home (SGLang's Kimi-K3 model imports it), and an nvcc there would change every SGLang JIT
     key. Extracted, the links reach the wheel's files; the layer bytes are the same twice."""
-    from tools.image import cuda_home
+    from tools.common import cuda_home
     tree = write_tree(tmp_path / "t", {f"{SITE}/nvidia/cu13/include/cuda.h": "header\n",
                                        f"{SITE}/nvidia/cu13/lib/libcudart.so.13": "runtime\n",
                                        f"{SITE}/nvidia/cu13/bin/nvcc": "nvcc\n"})
@@ -298,7 +298,7 @@ def test_cuda_home_layer_links_the_cuda_wheels_and_holds_no_compiler(tmp_path: P
     assert (root / "usr/local/cuda/lib64/libcudart.so.13").read_text() == "runtime\n"
     assert not (root / "usr/local/cuda/bin").exists()
     # The SGLang JIT build's scratch root gets the same directory (tools/jit_cache/sglang_aot.py).
-    made = cuda_home.make(tmp_path / "scratch")
+    made = cuda_home.make(tmp_path / "scratch", "/" + SITE)
     assert {p.name: os.readlink(p) for p in made.iterdir()} == {n.rsplit("/", 1)[1]: t for n, t in links.items()}
     b2 = torch_layer(tmp_path / "o2")
     assert b1.read_bytes() == b2.read_bytes()

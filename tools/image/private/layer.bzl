@@ -94,7 +94,7 @@ oci_layer = rule(
         "trees": attr.label_keyed_string_dict(allow_files = True, doc = "directory -> image directory"),
         "files": attr.label_keyed_string_dict(allow_files = True, doc = "file -> IMAGE_PATH[:OCTAL_MODE]"),
         "kernel_cache_arch": attr.string(doc = "the trees are kernel caches: the action refuses one whose kernel_cache.json is for another arch"),
-        "cuda_home": attr.bool(doc = "the layer also holds the image's CUDA home, /usr/local/cuda (tools/image/cuda_home.py): the layer that installs the CUDA wheels"),
+        "cuda_home": attr.bool(doc = "the layer also holds the image's CUDA home, /usr/local/cuda (tools/common/cuda_home.py): the layer that installs the CUDA wheels"),
         "source_date_epoch": attr.string(mandatory = True),
         "compression": _COMPRESSION,
     },

@@ -12,6 +12,6 @@ LayerInfo = provider(
         "trees": "[(image directory, directory File)]",
         "site_trees": "directories placed under the image's site-packages",
         "files": "[(IMAGE_PATH[:OCTAL_MODE], File)]",
-        "cuda_home": "whether it holds the image's CUDA home (tools/image/cuda_home.py; unset: False)",
+        "cuda_home": "whether it holds the image's CUDA home (tools/common/cuda_home.py; unset: False)",
     },
 )

@@ -13,36 +13,31 @@ it), and a reachable nvcc changes every SGLang JIT key (its environment fingerpr
 `nvcc --version`) and lets SGLang and DeepGEMM start compiles the image cannot finish (no host
 compiler). SGLang keys its JIT modules on this directory too (its `toolkit` anchor exists only
 where the directory does), so the image's layer, the launch-profile check's root and the SGLang
-JIT build (tools/jit_cache/sglang_aot.py) all take it from here.
+JIT build (tools/jit_cache/sglang_aot.py) all take it from here (a ground helper: both stages
+use it).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tools.image.layer_contents import Entry, LayerContents
-from tools.image.wheel_install import SITE_PACKAGES
-
 CUDA_HOME = "usr/local/cuda"  # image path, relative to /
-# Link name -> target, relative to CUDA_HOME (the same text wherever the root is mounted).
-LINKS = {
-    name: os.path.relpath(f"{SITE_PACKAGES}/nvidia/cu13/{target}", CUDA_HOME)
-    for name, target in (("include", "include"), ("lib64", "lib"))
-}
+# Link name -> what it points at, under the image's site-packages.
+TARGETS = {"include": "nvidia/cu13/include", "lib64": "nvidia/cu13/lib"}
 
 
-def add_to_layer(contents: LayerContents) -> None:
-    """The CUDA home's entries in a layer (the layer that installs the CUDA wheels)."""
-    contents.add(Entry(CUDA_HOME, "dir", 0o755), "--cuda-home")
-    for name, target in sorted(LINKS.items()):
-        contents.add(Entry(f"{CUDA_HOME}/{name}", "symlink", 0o777, linkname=target), "--cuda-home")
+def links(site_packages: str) -> dict[str, str]:
+    """Link name -> target relative to CUDA_HOME (the same text wherever the root is mounted),
+    for the image's site-packages (an image path)."""
+    site = site_packages.strip("/")
+    return {name: os.path.relpath(f"{site}/{target}", CUDA_HOME) for name, target in sorted(TARGETS.items())}
 
 
-def make(root: Path) -> Path:
+def make(root: Path, site_packages: str) -> Path:
     """The CUDA home under `root` (an image root being assembled); returns its path."""
     home = root / CUDA_HOME
     home.mkdir(parents=True, exist_ok=True)
-    for name, target in sorted(LINKS.items()):
+    for name, target in links(site_packages).items():
         link = home / name
         if not os.path.lexists(link):
             link.symlink_to(target)
