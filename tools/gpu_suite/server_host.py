@@ -368,6 +368,11 @@ def unresolved_libraries(patterns: list[str], env: dict[str, str], site_packages
     site_packages = site_packages or SITE_PACKAGES
     # The host's ldd: --no-compilers leaves only the image python's shims on the server's PATH.
     ldd = shutil.which("ldd", path=env.get("PATH")) or shutil.which("ldd") or "ldd"
+    # torch is imported before any of these loads, and its libraries (libtorch.so, libc10.so)
+    # come from that load, not from the search path: ldd is told where they are (the first
+    # replay's preflight flagged them as missing).
+    torch_lib = os.path.join(site_packages, "torch", "lib")
+    env = {**env, "LD_LIBRARY_PATH": ":".join(p for p in (torch_lib, env.get("LD_LIBRARY_PATH")) if p)}
     problems = []
     for pattern in patterns:
         found = sorted(glob.glob(os.path.join(site_packages, pattern)))

@@ -370,7 +370,8 @@ def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_other
     (site / "lib/libops.so").write_bytes(b"")
     host.SITE_PACKAGES = str(site)
     # ldd is the host's; a stand-in on the server's PATH says what it would of a missing library.
-    (shim / "ldd").write_text("#!/bin/sh\nprintf '\\tlibcuda.so.1 => /usr/lib/libcuda.so.1\\n"
+    (shim / "ldd").write_text("#!/bin/sh\ncase \"$LD_LIBRARY_PATH\" in */torch/lib*) ;; *) printf '\\tlibtorch.so => not found\\n';; esac\n"
+                              "printf '\\tlibcuda.so.1 => /usr/lib/libcuda.so.1\\n"
                               "\\tlibnvrtc.so.13 => not found\\n'\n")
     (shim / "ldd").chmod(0o755)
     # The stand-in worker is given the cache directory as its second argument to check it.
@@ -390,6 +391,7 @@ def test_preflight_names_an_import_failure_and_a_jit_key_the_host_computes_other
     err = captured.out + captured.err
     assert "import json: ok" in err
     assert f"preflight: {site}/lib/libops.so: libnvrtc.so.13 => not found" in err and "libcuda" not in err
+    assert "libtorch.so" not in err  # torch's own libraries come with torch's import
     assert "import no_such_module_here failed:" in err and "ModuleNotFoundError" in err
     assert ("k.m:two(): RuntimeError: JIT module two has no usable cached build (looked in "
             "/c/sm90a/two/build-eee; shipped: sm90a/two/build-ccc/deps-d)") in err
