@@ -180,6 +180,53 @@ def load_records(records: Path) -> list[tuple[Path, dict[str, Any]]]:
     return loaded
 
 
+# SGLang's Triton constexprs whose value comes from a pool SGLang sizes to the GPU's free memory
+# unless a server argument pins the pool: constexpr -> (the argument, the constexpr less the
+# argument's value). An entry keyed on such a value gets another key on a host with other free
+# memory (another GPU, driver or environment), so its shipped kernel is missed there and compiled
+# at first use. num_cache_lines: the KDA/Mamba conv-state pool's rows, its size plus a padding row
+# (sglang/srt/mem_cache/memory_pool.py); the causal_conv1d kernels take it as a tl.constexpr.
+MEMORY_FITTED = {"num_cache_lines": ("--max-mamba-cache-size", 1)}
+
+
+def server_arg(args: Sequence[str], name: str) -> str | None:
+    """NAME's value in a server command line (`NAME V` or `NAME=V`; the last one wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+    return value
+
+
+def memory_fitted_problems(recording: dict[str, Any]) -> list[str]:
+    """One line per Triton entry keyed on a memory-fitted pool size that the recorded server's
+    arguments (recorded_on.args) do not pin to that size: such an entry cannot be shipped."""
+    args = recording["recorded_on"].get("args") or []
+    profile = recording["recorded_on"].get("profile") or "the recorded launch profile"
+    problems = []
+    for i, entry in enumerate(recording["entries"]):
+        constexprs = (entry.get("key_parts") or {}).get("constexprs") if entry["kind"] == "triton" else None
+        if not isinstance(constexprs, dict):
+            continue
+        for name, (arg, extra) in MEMORY_FITTED.items():
+            value = constexprs.get(name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            pinned = server_arg(args, arg)
+            where = f"$.entries[{i}] {entry['kernel']}: keyed on {name}={value}"
+            if pinned is None:
+                problems.append(f"{where}, a pool size SGLang fits to the free GPU memory since the recorded server "
+                                f"gave no {arg}: a host with other free memory keys the kernel otherwise and "
+                                f"compiles it at first use; add `{arg} {value - extra}` to {profile}'s args and "
+                                "record again")
+            elif not pinned.isdigit() or int(pinned) + extra != value:
+                problems.append(f"{where}, yet the recorded server gave {arg} {pinned}, which keys it "
+                                f"{name}={pinned}+{extra}; record again with this profile")
+    return problems
+
+
 # Variables a server sets afresh at each launch: SGLang's run id holds the launch time. A recording
 # keeps their names and drops the values, so that two runs of one image give the same bytes.
 PER_RUN_ENV = {"SGLANG_RUN_ID": "<set per run>"}
@@ -255,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "merge":
         recording = merge(a.records, a.meta)
         write_bytes_atomic(a.out, review_json(recording))
+        # Written all the same: the recording is a true account of the run. The build from it
+        # (tools/jit_cache/triton_recorded.py) refuses these entries.
+        for problem in memory_fitted_problems(recording):
+            print(f"recording: warning: {a.out}: {problem}", file=sys.stderr)
         counts = recording["counts"]
         print(f"{a.out}: {len(recording['entries'])} entries; compiles before ready "
               f"{sum(counts['before_ready'].values())}, after ready {sum(counts['after_ready'].values())}",

@@ -47,6 +47,7 @@ from tools.common.jsondata import (ANY, BOOLEAN, INTEGER, TEXT, Enum, ListOf, Ma
                                    json_path, load_json_file)
 from tools.common.jsonfmt import review_json
 from tools.jit_cache import triton_aot
+from tools.jit_cache.recording import memory_fitted_problems
 
 WORKER = Path(__file__).with_name("triton_recorded_worker.py")
 PHASE = Enum("before_ready", "after_ready")
@@ -324,6 +325,13 @@ def build(recording_path: Path, stack: str, arch: str, interp: Any, scratch: Pat
     recording = load_recording(recording_path)
     if recording["stack"] != stack:
         raise UserError(f"--recording {recording_path}: recorded for stack {recording['stack']}, not --stack {stack}")
+    fitted = memory_fitted_problems(recording)
+    if fitted:
+        for line in fitted:
+            print(f"jit_cache: {recording_path}: {line}", file=sys.stderr)
+        raise UserError(f"--recording {recording_path}: {len(fitted)} Triton entr{'y is' if len(fitted) == 1 else 'ies are'} "
+                        "keyed on a pool size fitted to the recording host's free memory (one line each above); "
+                        "pin it in the launch profile and record again")
     target = recorded_target(recording, arch, "--recording", recording_path)
     device = stand_in_device(recording, arch, device_of or runtime)
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in ENTRY_SCHEMAS}

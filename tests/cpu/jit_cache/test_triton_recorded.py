@@ -25,6 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from tools.common.errors import UserError  # noqa: E402
 from tools.jit_cache import triton_aot, triton_recorded  # noqa: E402
+from tools.jit_cache.recording import memory_fitted_problems  # noqa: E402
 
 WORKER_DIR = Path(triton_recorded.__file__).parent
 FIXTURE = textwrap.dedent('''\
@@ -269,6 +270,44 @@ def test_malformed_entry_is_one_line(tmp_path, edit, message):
     with pytest.raises(UserError, match=message) as e:
         triton_recorded.load_recording(_write(tmp_path, recording))
     assert "\n" not in str(e.value)
+
+
+def _pool_keyed(recorded: dict, args: list[str] | None) -> dict:
+    """The recording with its scale_add entry keyed on the conv-state pool's row count, as SGLang's
+    causal_conv1d kernels are (num_cache_lines, a tl.constexpr), run with ARGS."""
+    copy = _edited(recorded, lambda e: e["key_parts"].update(constexprs={"BLOCK": 128, "num_cache_lines": 68}))
+    copy["recorded_on"] = dict(copy["recorded_on"], profile="kimi-k3-h200-proof",
+                               **({} if args is None else {"args": args}))
+    return copy
+
+
+def test_pool_size_fitted_to_free_memory_is_refused_naming_the_kernel_and_the_pin(
+        triton_site, fixture_dir, recorded, tmp_path, capsys):
+    """A pool SGLang sizes to the free memory gives a host with other free memory another
+    num_cache_lines, so other keys: a build from such a recording ships kernels other hosts do not
+    look up (the H100 replay missed _causal_conv1d_update_kernel so). Refused, naming the pin."""
+    with pytest.raises(UserError, match=r"1 Triton entry is keyed on a pool size fitted to the recording host's "
+                                        r"free memory"):
+        _build(triton_site, fixture_dir, tmp_path, _pool_keyed(recorded, ["--tp-size", "1"]), tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "fixture_kernels:scale_add: keyed on num_cache_lines=68" in err
+    assert "add `--max-mamba-cache-size 67` to kimi-k3-h200-proof's args and record again" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--max-mamba-cache-size", "67"], None),
+    (["--max-mamba-cache-size=67"], None),
+    (["--max-mamba-cache-size", "66"], "yet the recorded server gave --max-mamba-cache-size 66"),
+    ([], "gave no --max-mamba-cache-size"),
+])
+def test_pool_size_pinned_by_the_recorded_args_is_shippable(recorded, args, problem):
+    problems = memory_fitted_problems(_pool_keyed(recorded, args))
+    if problem is None:
+        assert problems == []
+    else:
+        [line] = problems
+        assert problem in line and line.startswith("$.entries[")
 
 
 def test_other_kinds_are_checked_against_the_builds_that_ship_them(tmp_path):
