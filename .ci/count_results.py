@@ -172,6 +172,8 @@ def main() -> int:
     ap.add_argument("--sandbox-exemptions", type=Path,
                     help="the listed sandbox exemptions: every action the patterns build runs in linux-sandbox or "
                     "is listed there, and none ran in processwrapper-sandbox")
+    ap.add_argument("--check", action="append", default=[], metavar="NAME=RC",
+                    help="a check CI ran beside the test command (its exit status): one case, passed or failed")
     args = ap.parse_args()
     # Exactly the targets `bazel test PATTERN...` runs: a wildcard skips `manual` targets (a target
     # named explicitly runs all the same), and .bazelrc's --test_tag_filters=-gpu drops GPU tests
@@ -228,6 +230,13 @@ def main() -> int:
         # Hermetic by enforcement: an action that is not sandboxed says why, in the list.
         for problem in sandbox_problems(args.bazel_log, args.pattern, args.sandbox_exemptions):
             print(problem)
+            failed += 1
+    for check in args.check:
+        name, _, rc = check.rpartition("=")
+        if rc == "0":
+            passed += 1
+        else:
+            print(f"{name}: failed (exit {rc})")
             failed += 1
     if args.bazel_rc != 0 and failed == 0:
         print(f"bazel test exited {args.bazel_rc} without a failing report: counting it as a failure")

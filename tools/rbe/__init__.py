@@ -7,7 +7,8 @@ Takes: the Debian set rbe-cluster, rbe/requirements_lock.txt, a worker count and
 `status` (processes and RSS), `down` (nothing left listening, running or mounted).
 
 Modules: config (paths, BuildGrid's config, the command lines: pure), root (the cluster root by
-mmdebstrap, BuildGrid's venv), enter (into the root's own mount and PID namespaces, pivot_root),
+mmdebstrap, BuildGrid's venv), exec_root (what remote actions run over: Bazel's sealed root, as
+local actions do), enter (into the root's own mount and PID namespaces, pivot_root),
 supervisor (PID 1 in the root: starts, watches and stops the processes), cluster (up, down,
 status on the host), __main__ (the CLI). Package graph: common, pins, fetch <- rbe.
 """

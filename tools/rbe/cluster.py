@@ -23,7 +23,7 @@ from pathlib import Path
 from tools.common import cache as cache_env
 from tools.common.errors import UserError
 from tools.common.files import dir_replaced_atomically, write_text_atomic
-from tools.rbe import config, root as rootfs
+from tools.rbe import config, exec_root, root as rootfs
 
 RUN_TOOL = "tools.rbe up"
 REPO_ROOT = Path(__file__).absolute().parents[2]
@@ -114,6 +114,7 @@ def up(workers: int, port: int = config.DEFAULT_PORT, instance: str = config.DEF
     if os.geteuid() != 0:
         raise UserError("the cluster needs root (mount and PID namespaces, pivot_root, bubblewrap): run it as root")
     t0 = time.monotonic()
+    actions = exec_root.find()
     root = rootfs.ensure_root(state_dir())
     venv = rootfs.ensure_venv(state_dir(), root)
     lay.data.mkdir(parents=True, exist_ok=True)
@@ -125,9 +126,10 @@ def up(workers: int, port: int = config.DEFAULT_PORT, instance: str = config.DEF
         raise UserError(f"--port {port}: 127.0.0.1:{port} is in use by another process; pass a free --port")
     t_start = time.monotonic()
     argv = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private", "--",
-            sys.executable, "-m", "tools.rbe.enter", str(root), str(REPO_ROOT), str(lay.state), str(venv), "--",
+            sys.executable, "-m", "tools.rbe.enter", str(root), str(REPO_ROOT), str(lay.state), str(venv),
+            *actions.host_paths(), "--",
             "--state", str(lay.state), "--venv", str(venv), "--port", str(port), "--workers", str(workers),
-            "--instance", instance]
+            "--instance", instance, *(f"--runner-bind={source}:{path}" for source, path in actions.runner_binds())]
     if bots_remote:
         argv += ["--bots-remote", bots_remote]
     env = {"PATH": rootfs.HOST_PATH, "PYTHONPATH": str(REPO_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}

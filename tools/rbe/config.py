@@ -15,21 +15,21 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 DEFAULT_PORT = 50051
 DEFAULT_INSTANCE = "main"
-# The Debian set the cluster's processes and every remote action run in. It is also the value of
-# the platform property `worker-root` the workers offer and //rbe:platform asks for, so an action
-# for another worker root is refused by the scheduler at once instead of waiting forever.
+# The Debian set the cluster's processes run in.
 DEBIAN_SET = "rbe-cluster"
-PLATFORM = {"OSFamily": "linux", "worker-root": DEBIAN_SET}
+# The Debian set every remote action runs over: Bazel's sealed root, as a local action does
+# (tools/rbe/exec_root.py). It is the value of the platform property `worker-root` the workers
+# offer and //rbe:platform asks for, so an action for another root is refused by the scheduler at
+# once instead of waiting forever.
+EXEC_ROOT_SET = "bazel-root"
+PLATFORM = {"OSFamily": "linux", "worker-root": EXEC_ROOT_SET}
 PG_BIN = "/usr/lib/postgresql/18/bin"
 PG_USER = "postgres"  # created in the root by postgresql-common's maintainer script
 DATABASE = "bgd"
-# bubblewrap gives each action only what it binds: the root's system directories, read-only
-# (/bin, /lib, /lib64 are links into /usr in sid; binding them keeps /bin/sh and the loader at
-# the paths actions name).
-RUNNER_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 MAX_WORKERS = 64
 # REAPI (remote_execution.proto): these words may not be a segment of an instance name.
 RESERVED_SEGMENTS = {"blobs", "uploads", "actions", "actionResults", "operations", "capabilities",
@@ -153,7 +153,7 @@ schedulers:
     # less is refused at registration.
     property-set: !static-property-set
       property-labels:
-        - label: {_q(DEBIAN_SET)}
+        - label: {_q(EXEC_ROOT_SET)}
           properties: [{props}]
 instances:
   - name: {_q(instance)}
@@ -185,13 +185,16 @@ def casd_argv(layout: Layout, i: int, port: int, instance: str) -> list[str]:
             "--log-level=warning", str(layout.casd_cache(i))]
 
 
-def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str) -> list[str]:
+def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str,
+                runner_binds: Sequence[tuple[str, str]]) -> list[str]:
+    """runner_binds: (source, path in the action), read-only; bubblewrap gives an action only
+    these, its input tree, loopback and no capabilities (tools/rbe/exec_root.py says which)."""
     argv = ["/usr/bin/buildbox-worker", f"--bots-remote={bots_remote}", f"--cas-remote=unix:{layout.casd_socket(i)}",
             f"--instance={instance}", "--buildbox-run=/usr/bin/buildbox-run-bubblewrap",
             # A worker that loses the server gives up after a few tries instead of retrying forever:
             # `up` sees it exit and names it.
             "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning"]
-    argv += [f"--runner-arg=--ro-bind-mount={d}:{d}" for d in RUNNER_BINDS]
+    argv += [f"--runner-arg=--ro-bind-mount={source}:{path}" for source, path in runner_binds]
     argv += [f"--platform={k}={v}" for k, v in sorted(PLATFORM.items())]
     return argv + [f"rbe-worker-{i}"]
 

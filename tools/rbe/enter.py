@@ -1,10 +1,10 @@
 """Enter the cluster root: the first process of the cluster's own mount and PID namespaces.
 
     unshare --mount --pid --fork --kill-child --propagation private -- \
-        python3 -m tools.rbe.enter ROOT WORKSPACE STATE VENV -- SUPERVISOR_ARGS...
+        python3 -m tools.rbe.enter ROOT WORKSPACE STATE VENV [READ_ONLY...] -- SUPERVISOR_ARGS...
 
 Binds what the cluster needs at its own path (the workspace for the supervisor's code, the state
-directory, the venv), mounts a /proc of the new PID namespace and fresh /tmp, /run and /dev/shm,
+directory, the venv, and read-only the exec root's host paths its workers bind into actions), mounts a /proc of the new PID namespace and fresh /tmp, /run and /dev/shm,
 pivots into ROOT (tools.common.pivot_root: bubblewrap creates its namespaces only where the root
 is the namespace's root, never in a chroot), then execs the root's python3.13 as the
 supervisor, which stays PID 1. Every mount lives in this namespace only, so when the supervisor
@@ -44,19 +44,22 @@ def enter(root: str, binds: list[str], ro: set[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 5 or argv[4] != "--":
-        print("usage: python3 -m tools.rbe.enter ROOT WORKSPACE STATE VENV -- SUPERVISOR_ARGS...", file=sys.stderr)
+    if "--" not in argv or argv.index("--") < 4:
+        print("usage: python3 -m tools.rbe.enter ROOT WORKSPACE STATE VENV [READ_ONLY...] -- SUPERVISOR_ARGS...",
+              file=sys.stderr)
         return 2
+    end = argv.index("--")
     root, ws, state, venv = argv[:4]
+    read_only = argv[4:end]  # the exec root's host paths (tools/rbe/exec_root.py)
     try:
-        enter(root, [ws, state, venv], ro={ws, venv})
+        enter(root, [ws, state, venv, *read_only], ro={ws, venv, *read_only})
     except OSError as e:
         print(f"rbe: error: entering the cluster root {root}: {e}", file=sys.stderr)
         return 1
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "PYTHONPATH": ws,
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     os.chdir("/")
-    os.execve("/usr/bin/python3.13", ["python3.13", "-m", "tools.rbe.supervisor", *argv[5:]], env)
+    os.execve("/usr/bin/python3.13", ["python3.13", "-m", "tools.rbe.supervisor", *argv[end + 1:]], env)
     return 1  # not reached
 
 

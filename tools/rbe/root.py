@@ -3,10 +3,10 @@
 The root is Debian set `rbe-cluster` of third_party/debian.lock.json (PostgreSQL 18, buildbox
 1.4.30, bubblewrap, python3.13), installed by mmdebstrap from a local repository of exactly the
 set's verified .debs, as tools/bazel builds Bazel's sealed root. A set of its own rather than more
-packages in `bazel-root`: the cluster's worker root is what every remote action runs in, so it
-holds what actions need and nothing of Bazel's; bumping PostgreSQL or buildbox re-provisions this
-small root instead of Bazel's large one (and restarting every Bazel server); and a Bazel server
-does not need the cluster's packages to talk to it on 127.0.0.1.
+packages in `bazel-root`: bumping PostgreSQL or buildbox re-provisions this small root instead of
+Bazel's large one (and restarting every Bazel server), and a Bazel server does not need the
+cluster's packages to talk to it on 127.0.0.1. Actions do not run over this root but over Bazel's
+sealed root, as local actions do (tools/rbe/exec_root.py).
 
 The venv: python3.13 of that root (BuildGrid 0.9.1 needs >= 3.13; sid's python3 is 3.14, for
 which the locked wheels were not resolved) with `pip install --require-hashes --no-deps` of

@@ -43,6 +43,7 @@ class Supervisor:
         self.workers = args.workers
         self.instance = args.instance
         self.bots_remote = args.bots_remote or f"http://127.0.0.1:{args.port}"
+        self.runner_binds = [tuple(b.split(":", 1)) for b in args.runner_bind]
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []  # in start order
         self.stopping = False
         self.t0 = time.monotonic()
@@ -151,7 +152,8 @@ class Supervisor:
             self.start(f"casd-{i}", config.casd_argv(self.layout, i, self.port, self.instance))
             sock = self.layout.casd_socket(i)
             self.wait_for(f"socket {sock}", f"casd-{i}", sock.exists)
-            self.start(f"worker-{i}", config.worker_argv(self.layout, i, self.bots_remote, self.instance))
+            self.start(f"worker-{i}", config.worker_argv(self.layout, i, self.bots_remote, self.instance,
+                                                               self.runner_binds))
 
         def registered() -> bool:
             for name, proc in self.procs:
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, required=True)
     ap.add_argument("--instance", required=True)
     ap.add_argument("--bots-remote")
+    ap.add_argument("--runner-bind", action="append", default=[], metavar="SOURCE:PATH",
+                    help="read-only in every action (tools/rbe/exec_root.py)")
     return Supervisor(ap.parse_args(argv)).serve()
 
 

@@ -12,8 +12,8 @@ import pytest
 from tests.cpu.conftest import env_path
 
 
-def counter():
-    spec = importlib.util.spec_from_file_location("count_results", env_path("KIMI_CI_COUNT_RESULTS"))
+def counter(name: str = "count_results", env: str = "KIMI_CI_COUNT_RESULTS"):
+    spec = importlib.util.spec_from_file_location(name, env_path(env))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -151,6 +151,17 @@ def test_an_exemption_without_a_reason_is_refused(tmp_path: Path) -> None:
 def test_the_checked_in_exemptions_each_say_why() -> None:
     listed = counter().load_exemptions(env_path("KIMI_CI_SANDBOX_EXEMPTIONS"))
     assert listed and all(len(e["why"]) > 20 for e in listed)
+
+
+@pytest.mark.parametrize("line, counts", [
+    ("INFO: 3 processes: 1 internal, 2 remote.", {"internal": 1, "remote": 2}),
+    ("INFO: 5 processes: 4 remote cache hit, 1 internal.", {"remote cache hit": 4, "internal": 1}),
+    ("INFO: 1 process: 1 internal.", {"internal": 1}),
+    ("", {}),
+])
+def test_remote_smoke_reads_bazels_process_counts(line: str, counts: dict) -> None:
+    smoke = counter("remote_smoke", "KIMI_CI_REMOTE_SMOKE")
+    assert smoke.process_counts(f"INFO: Analyzed target //a:b\n{line}\nINFO: Build completed\n") == counts
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ REPO_ROOT = Path(__file__).absolute().parents[3]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.rbe import config  # noqa: E402
+from tools.common.errors import UserError  # noqa: E402
+from tools.rbe import config, exec_root  # noqa: E402
 
 LAYOUT = config.Layout(Path("/state/rbe/cluster"))
 
@@ -42,7 +43,7 @@ def test_bgd_config_property_set_is_the_platform() -> None:
     assert "!static-property-set" in text
     props = re.search(r"properties: \[(.*)\]$", text, re.M).group(1)
     pairs = dict(re.findall(r'\["([^"]+)", "([^"]+)"\]', props))
-    assert pairs == config.PLATFORM == {"OSFamily": "linux", "worker-root": "rbe-cluster"}
+    assert pairs == config.PLATFORM == {"OSFamily": "linux", "worker-root": "bazel-root"}
 
 
 def test_instance_names() -> None:
@@ -58,13 +59,45 @@ def test_casd_proxies_the_instance_and_worker_binds_the_root() -> None:
     assert "--proxy-instance=main" in casd and "--cas-remote=http://127.0.0.1:50051" in casd
     assert "--bind=unix:/state/rbe/cluster/run/casd-1.sock" in casd
     assert casd[-1] == "/state/rbe/cluster/data/casd-1"
-    worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main")
+    actions = exec_root.ExecRoot(Path("/sealed"), Path("/py"), Path("/cache/venvs"))
+    worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main", actions.runner_binds())
     assert worker[0] == "/usr/bin/buildbox-worker" and worker[-1] == "rbe-worker-1"
     assert "--cas-remote=unix:/state/rbe/cluster/run/casd-1.sock" in worker
     assert "--buildbox-run=/usr/bin/buildbox-run-bubblewrap" in worker
-    for d in ("/usr", "/bin", "/lib", "/lib64", "/etc"):
-        assert f"--runner-arg=--ro-bind-mount={d}:{d}" in worker
-    assert "--platform=OSFamily=linux" in worker and "--platform=worker-root=rbe-cluster" in worker
+    # An action sees the sealed root's system directories, the interpreter and the venvs; nothing
+    # of the cluster's own root.
+    binds = [a.split("=", 2)[2] for a in worker if a.startswith("--runner-arg=--ro-bind-mount=")]
+    assert binds == [f"/sealed{d}:{d}" for d in ("/usr", "/bin", "/lib", "/lib64", "/etc")] + \
+        ["/py:/py", "/cache/venvs:/cache/venvs"]
+    assert "--platform=OSFamily=linux" in worker and "--platform=worker-root=bazel-root" in worker
+
+
+def _record(cache: Path, root: Path, prefix: Path) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / exec_root.RECORD).write_text(f'{{"python_prefix": "{prefix}", "root": "{root}"}}\n')
+
+
+def test_exec_root_is_the_sealed_root_tools_bazel_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache, root, prefix = tmp_path / "cache", tmp_path / "sealed", tmp_path / "py"
+    (root / "usr" / "bin").mkdir(parents=True)
+    prefix.mkdir()
+    monkeypatch.setenv("KIMI_K3_CACHE", str(cache))
+    with pytest.raises(UserError, match=r"sealed-root.json: not found: .*run `tools/bazel version` once"):
+        exec_root.find()
+    _record(cache, tmp_path / "gone", prefix)
+    with pytest.raises(UserError, match=r"the sealed root .*gone/usr/bin is not a directory"):
+        exec_root.find()
+    _record(cache, root, prefix)
+    found = exec_root.find()
+    assert found == exec_root.ExecRoot(root, prefix, cache / "venvs") and (cache / "venvs").is_dir()
+    assert found.host_paths() == [str(root), str(prefix), str(cache / "venvs")]
+
+
+def test_tools_bazel_writes_the_record_the_cluster_reads() -> None:
+    """One source for the sealed root's path: tools/bazel computes it and writes the record."""
+    text = (REPO_ROOT / "tools" / "bazel").read_text()
+    assert f"exec_root_file=$cache_root/{exec_root.RECORD}" in text
+    assert '{"python_prefix": "%s", "root": "%s"}' in text
 
 
 def test_postgres_has_no_tcp_listener() -> None:
