@@ -1,11 +1,12 @@
 """CI's remote-execution check, after the test command: a real action through the loopback REAPI
 cluster (tools/rbe), then a remote cache hit, with the bytes of the local build.
 
-The patch gate's manifest (//sglang_patches:sglang_manifest) is built by the test command
-locally. Here its output is removed and it is built with --config=rbe and no disk cache: the
-action runs on a worker ("N remote"); removed again, it comes from the cluster's action cache
-("N remote cache hit"). Both times the manifest must be the local build's bytes. The cluster is
-stopped whatever happens. Prints one line, `remote smoke: ok ...` or what failed; exit 0 or 1.
+The patch gate's manifest (//sglang_patches:sglang_manifest) is built locally first (a disk-cache
+hit after the test command). Then its output is removed and it is built with --config=rbe and no
+disk cache: the action runs on a worker ("N remote"); removed again, it comes from the cluster's
+action cache ("N remote cache hit"). Both times the manifest must be the local build's bytes. The
+cluster is stopped whatever happens. Prints one line, `remote smoke: ok ...` or what failed; exit
+0 or 1.
 """
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def remote_build() -> tuple[dict[str, int], str]:
-    """Bazel's process counts by kind for one --config=rbe build of TARGET, and its output's sha256."""
+def build(*flags: str) -> tuple[dict[str, int], str]:
+    """Bazel's process counts by kind for one build of TARGET with FLAGS, and its output's sha256."""
     OUTPUT.unlink(missing_ok=True)  # Bazel wrote it; without it Bazel runs or fetches the action again
-    proc = subprocess.run(["tools/bazel", "build", "--config=rbe", "--disk_cache=", TARGET],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
+    proc = subprocess.run(["tools/bazel", "build", *flags, TARGET], capture_output=True, text=True)
+    if proc.returncode != 0 or not OUTPUT.is_file():
         tail = [l for l in proc.stderr.splitlines() if l.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
-        raise RuntimeError(f"tools/bazel build --config=rbe {TARGET} failed: {tail[0] if tail else proc.returncode}")
+        raise RuntimeError(f"tools/bazel build {' '.join(flags)} {TARGET} failed: "
+                           f"{tail[0] if tail else f'no {OUTPUT}'}")
     return process_counts(proc.stderr), sha(OUTPUT)
 
 
@@ -41,17 +42,18 @@ def process_counts(bazel_output: str) -> dict[str, int]:
 
 
 def main() -> int:
-    if not OUTPUT.is_file():
-        print(f"remote smoke: failed: {OUTPUT} is missing: the test command builds it locally first")
+    try:
+        _, local = build()
+    except RuntimeError as e:
+        print(f"remote smoke: failed: the local build: {e}")
         return 1
-    local = sha(OUTPUT)
     up = subprocess.run([sys.executable, "-m", "tools.rbe", "up", "--workers", "1"], capture_output=True, text=True)
     try:
         if up.returncode != 0:
             print(f"remote smoke: failed: {(up.stderr.strip().splitlines() or ['tools.rbe up failed'])[-1]}")
             return 1
-        first, first_sha = remote_build()
-        second, second_sha = remote_build()
+        first, first_sha = build("--config=rbe", "--disk_cache=")
+        second, second_sha = build("--config=rbe", "--disk_cache=")
     except RuntimeError as e:
         print(f"remote smoke: failed: {e}")
         return 1
