@@ -31,10 +31,13 @@ PG_BIN = "/usr/lib/postgresql/18/bin"
 PG_USER = "postgres"  # created in the root by postgresql-common's maintainer script
 DATABASE = "bgd"
 MAX_WORKERS = 64
-# BuildGrid's gRPC threads and the RPCs it accepts at once (queued past the threads): above
-# .bazelrc's build:rbe --jobs (one Execute stream each) plus the bots' sessions.
+# BuildGrid's gRPC threads: above .bazelrc's build:rbe --jobs (one Execute stream each) plus the
+# bots' sessions. The RPCs it accepts at once: past the threads they wait, and none is refused. A
+# refusal (RESOURCE_EXHAUSTED) fails Bazel's upload or ends a worker's bot session, and Bazel
+# opens up to about 100 streams per connection: 1,024 were refused in the main job's first
+# minute.
 THREAD_POOL_SIZE = 256
-MAXIMUM_CONCURRENT_RPCS = 1024
+MAXIMUM_CONCURRENT_RPCS = 65536
 # REAPI (remote_execution.proto): these words may not be a segment of an instance name.
 RESERVED_SEGMENTS = {"blobs", "uploads", "actions", "actionResults", "operations", "capabilities",
                      "compressed-blobs"}
@@ -124,7 +127,7 @@ description: "kimi-k3 loopback REAPI cluster"
 # uploads a tree input (the patched SGLang tree: thousands of files) with many RPCs at once, holds one Execute
 # stream per running action (up to --jobs), and each worker's casd fetches inputs in parallel;
 # past 10 BuildGrid answered "Concurrent RPC limit exceeded" and the build failed. Threads that
-# outnumber the streams Bazel can hold keep the bots' sessions served; RPCs past them queue.
+# outnumber the streams Bazel can hold keep the bots' sessions served; RPCs past them wait.
 thread-pool-size: {THREAD_POOL_SIZE}
 maximum-concurrent-rpcs: {MAXIMUM_CONCURRENT_RPCS}
 server:

@@ -32,7 +32,7 @@ def test_bgd_config_serves_one_instance_on_loopback() -> None:
     for key in ("poll-interval: 0.1", "bot-poll-interval: 0.1", "interval: 0.1"):
         assert f" {key}\n" in text
     # BuildGrid's default on 2 cores was 10 concurrent RPCs: a tree upload failed the build.
-    assert "\nthread-pool-size: 256\n" in text and "\nmaximum-concurrent-rpcs: 1024\n" in text
+    assert "\nthread-pool-size: 256\n" in text and "\nmaximum-concurrent-rpcs: 65536\n" in text
     jobs = int(re.search(r"^build:rbe --jobs=(\d+)$", (REPO_ROOT / ".bazelrc").read_text(), re.M).group(1))
     assert config.THREAD_POOL_SIZE > jobs + config.MAX_WORKERS
     # No tab (YAML refuses it) and every anchor used is defined before it.
