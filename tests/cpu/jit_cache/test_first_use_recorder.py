@@ -595,6 +595,21 @@ def test_a_malformed_recording_is_one_line_naming_it(triton_tree: Path, fixtures
         recording.check_recording(out)
 
 
+def test_merge_warns_of_a_kernel_keyed_on_an_unpinned_pool(triton_tree: Path, fixtures: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Written all the same (the run's true account), with a warning naming the kernel and the
+    pin; the build from it refuses the entry (test_triton_recorded)."""
+    record, path, doc = record_with(tmp_path, triton_tree, fixtures)
+    doc["entries"][0]["key_parts"]["constexprs"] = {"num_cache_lines": 68}
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "pypi.9.0.json"
+    assert recording.main(["merge", "--records", str(record), "--meta", str(write_meta(tmp_path)), "--out", str(out)]) == 0
+    assert recording.check_recording(out)["entries"]
+    [warning] = [l for l in capsys.readouterr().err.splitlines() if "warning" in l]
+    assert warning.startswith(f"recording: warning: {out}: $.entries[0] {KERNELS}:add_one: keyed on num_cache_lines=68")
+    assert "add `--max-mamba-cache-size 67`" in warning
+
+
 def test_a_meta_file_without_its_fields_is_one_line(tmp_path: Path) -> None:
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps({**META, "recorded_on": {**META["recorded_on"], "capability": "9.0"}}))
