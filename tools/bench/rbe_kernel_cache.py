@@ -24,26 +24,18 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.common.errors import UserError, run_cli
+from tools.common.hashing import sha256_file
+from tools.bench.rbe import REPO_ROOT, bazel, rbe_cli
 from tools.rbe import cluster
 
-REPO_ROOT = Path(__file__).absolute().parents[2]
 TARGET = "//kernel_cache:sm120_cache"
 OUTPUT = REPO_ROOT / "bazel-bin" / "kernel_cache" / "sm120_cache_aot"  # what the image ships
 
 
-def rbe_cli(*args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tools.rbe", *args], cwd=REPO_ROOT, text=True, capture_output=True)
+def rbe(*args: str) -> None:
+    proc = rbe_cli(*args)
     if proc.returncode != 0:
         raise UserError(f"tools.rbe {' '.join(args)} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
-def bazel(*args: str) -> str:
-    proc = subprocess.run([str(REPO_ROOT / "tools" / "bazel"), *args], cwd=REPO_ROOT, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise UserError(f"tools/bazel {' '.join(args)} failed (exit {proc.returncode}): "
-                        f"{[l for l in proc.stdout.splitlines() if l.startswith('ERROR')][:1]}")
-    return proc.stdout
 
 
 def tree_digest(root: Path) -> str:
@@ -54,7 +46,7 @@ def tree_digest(root: Path) -> str:
             h.update(f"{p.relative_to(root)} -> {os.readlink(p)}\n".encode())
         elif p.is_file():
             h.update(f"{p.relative_to(root)}\n".encode())
-            h.update(hashlib.sha256(p.read_bytes()).digest())
+            h.update(sha256_file(p).encode())
     return h.hexdigest()
 
 
@@ -85,14 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         bazel("clean")
         mode = "local" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
         if workers:
-            rbe_cli("up", "--workers", str(workers))
+            rbe("up", "--workers", str(workers))
         try:
             t0 = time.monotonic()
             out = bazel("build", *flags, *(["--config=rbe"] if workers else []), TARGET)
             wall_s = time.monotonic() - t0
         finally:
             if workers:
-                rbe_cli("down")
+                rbe("down")
         _, crit, procs, objects = summary(out)
         digest = tree_digest(OUTPUT)
         local_digest = local_digest or digest
