@@ -191,11 +191,20 @@ def postgres_argv(layout: Layout) -> list[str]:
             "-c", "max_connections=100", "-c", "shared_buffers=32MB"]
 
 
+# A worker's local cache: room for the largest input root (the main job's Triton action).
+CASD_QUOTA = "16G"
+
+
 def casd_argv(layout: Layout, i: int, port: int, instance: str) -> list[str]:
     # --proxy-instance: the worker and its runner talk to casd under the cluster's instance name;
     # without it casd answers them "Invalid instance name".
+    # The quota holds a whole input root: the SGLang JIT and Triton actions stage the image's
+    # installed trees (GBs). With 4G, casd evicted blobs of the tree it was staging, and its FUSE
+    # stager, which cannot fetch them back ("No CAS server configured"), aborted the action. Not
+    # --protect-session-blobs: a long-lived casd then cannot evict at all, and once the disk was
+    # short it refused every later staging (OutOfSpaceException).
     return ["/usr/bin/buildbox-casd", f"--cas-remote=http://127.0.0.1:{port}", f"--cas-instance={instance}",
-            f"--proxy-instance={instance}", f"--bind=unix:{layout.casd_socket(i)}", "--quota-high=4G",
+            f"--proxy-instance={instance}", f"--bind=unix:{layout.casd_socket(i)}", f"--quota-high={CASD_QUOTA}",
             "--log-level=warning", str(layout.casd_cache(i))]
 
 

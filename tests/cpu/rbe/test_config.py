@@ -126,5 +126,21 @@ def test_bazelrc_rbe_reaches_the_cluster() -> None:
     assert text.index("build:rbe --remote_executor") < text.index("try-import %workspace%/user.bazelrc")
 
 
+def test_large_input_roots_fit() -> None:
+    """The main job's SGLang JIT and Triton actions take the image's installed trees (tens of
+    thousands of files, GBs): over 100 connections BuildGrid cancelled half the uploads, and a
+    4G casd evicted blobs of the tree it was staging (the action aborted)."""
+    lines = [l.split(None, 1)[1] for l in (REPO_ROOT / ".bazelrc").read_text().splitlines()
+             if l.startswith("build:rbe ")]
+    connections = [int(l.split("=", 1)[1]) for l in lines if l.startswith("--remote_max_connections=")]
+    assert connections and connections[-1] <= 4
+    assert any(l.startswith("--remote_timeout=") and int(l.split("=", 1)[1]) >= 600 for l in lines)
+    casd = config.casd_argv(LAYOUT, 1, 50051, "main")
+    quota = [a.split("=", 1)[1] for a in casd if a.startswith("--quota-high=")]
+    assert quota == [config.CASD_QUOTA] and int(config.CASD_QUOTA.rstrip("G")) >= 16
+    # A casd that may not evict what it fetched in its lifetime refuses every staging once full.
+    assert "--protect-session-blobs" not in casd
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
