@@ -216,7 +216,12 @@ def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str,
             f"--instance={instance}", "--buildbox-run=/usr/bin/buildbox-run-bubblewrap",
             # A worker that loses the server gives up after a few tries instead of retrying forever:
             # `up` sees it exit and names it.
-            "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning"]
+            "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning",
+            # Stage inputs as hard links from casd's cache, not through buildbox-fuse: the FUSE
+            # stager aborted the action ("Software caused connection abort") whenever a blob of the
+            # tree was not in casd's cache, since buildbox-fuse, as casd starts it, has no remote
+            # to fetch it from ("No CAS server configured").
+            "--runner-arg=--staging-mode=copy-or-link"]
     argv += [f"--runner-arg=--ro-bind-mount={source}:{path}" for source, path in runner_binds]
     argv += [f"--platform={k}={v}" for k, v in sorted(PLATFORM.items())]
     return argv + [f"rbe-worker-{i}"]

@@ -140,6 +140,8 @@ def test_large_input_roots_fit() -> None:
     assert quota == [config.CASD_QUOTA] and int(config.CASD_QUOTA.rstrip("G")) >= 16
     # A casd that may not evict what it fetched in its lifetime refuses every staging once full.
     assert "--protect-session-blobs" not in casd
+    worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main", [])
+    assert "--runner-arg=--staging-mode=copy-or-link" in worker  # not the FUSE stager
 
 
 if __name__ == "__main__":
