@@ -279,7 +279,7 @@ def _report_errors(result: dict[str, Any], modules_file: Path, stack: str, total
 def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site_trees: Sequence[Path],
                  site_packages: str, cuda_home: str, userland: str, out: Path,
                  runtime_file: Path | None = None, reuse: Path | None = None) -> int:
-    from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, real_roots
+    from tools.kernel_cache.toolchain import _userland_shims, check_glibc_needed, load_toolchain, real_roots
 
     capability, device_name, target = _arch(arch)
     entries = load_modules(modules_file, stack)
@@ -338,6 +338,8 @@ def build_sglang(stack: str, arch: str, modules_file: Path, base_tar: Path, site
             raise UserError(f"build-sglang: SGLang keyed the modules for {result['target']}, not "
                             f"{target} ({arch}); the stand-in device did not take")
         manifest = _manifest(stack, arch, result, cache_dir, tc, prefix_maps, runtime, reused)
+        for m in manifest["modules"]:
+            check_glibc_needed(cache_dir / m["leaf"] / (m["module"] + ".so"), tc, f"build-sglang {m['module']}")
         with dir_replaced_atomically(out, "--out", tool=None) as tmp:
             # Of each leaf only what SGLang reads back: sgl_deps.json and the module (the
             # staging's objects, depfiles and ninja log hold build paths and times).

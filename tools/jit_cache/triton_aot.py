@@ -345,7 +345,7 @@ def build_driver_module(image: Any, cache_dir: Path, cuda_home: str, userland: s
     with the pinned userland's gcc and Python headers and a link-time libcuda stub; the sources'
     paths are mapped to the image's, so the bytes do not depend on where the build ran."""
     from tools.jit_cache.sglang_aot import _tvm_ffi_identity
-    from tools.kernel_cache.toolchain import _userland_shims, load_toolchain, write_cuda_stubs
+    from tools.kernel_cache.toolchain import _userland_shims, check_glibc_needed, load_toolchain, write_cuda_stubs
 
     tc = load_toolchain(cuda_home, userland, str(_tvm_ffi_identity(image.site, image.scratch / "tvm-ffi")))
     if tc.userland is None:
@@ -378,6 +378,7 @@ def build_driver_module(image: Any, cache_dir: Path, cuda_home: str, userland: s
         raise UserError(f"build-triton: Triton built {result['compiles']} for its driver module, "
                         "expected exactly cuda_utils")
     so = cache_dir / result["key"] / result["file"]
+    check_glibc_needed(so, tc, "build-triton driver module")
     return {"key": result["key"], "module": "cuda_utils", "file": result["file"],
             "sha256": sha256_file(so), "source": "triton/backends/nvidia/driver.c",
             "library_dirs": result["library_dirs"], "include_dirs": result["include_dirs"],

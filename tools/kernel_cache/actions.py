@@ -33,7 +33,7 @@ from tools.common.errors import UserError
 from tools.common.files import dir_replaced_atomically, temp_sibling
 from tools.common.hashing import sha256_bytes, sha256_file
 from tools.kernel_cache.plan import find_module
-from tools.kernel_cache.toolchain import Toolchain, real_roots
+from tools.kernel_cache.toolchain import Toolchain, check_glibc_needed, real_roots
 from tools.kernel_cache.tree import AOT_SUBDIR
 
 CACHE_JSON_SCHEMA = 1
@@ -203,6 +203,7 @@ def link_one(module: Mapping[str, Any], fill: Fill, objects: Sequence[Path], out
     try:
         run_tool(link_argv(module, fill, objects, tmp, stub_dir), 0, f"link {module['name']}",
                  fill.tc)
+        check_glibc_needed(tmp, fill.tc, f"link {module['name']}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)
     finally:

@@ -164,6 +164,60 @@ def real_roots(path: Path) -> list[str]:
     return list(dict.fromkeys(roots))
 
 
+# glibc's linker scripts: libc.so names libc.so.6 and libc_nonshared.a, libm.so names libm.so.6,
+# each by an absolute path (/lib/x86_64-linux-gnu/...).
+_LINKER_SCRIPT = Path("usr/lib/x86_64-linux-gnu/libc.so")
+
+
+def userland_sysroot(userland: Path) -> Path:
+    """The directory the userland's files really are in, for --sysroot. ld looks up a linker
+    script's absolute paths inside the sysroot only when the script's real path lies inside the
+    sysroot's real path; otherwise it takes them from the running system. In a Bazel sandbox the
+    userland is a tree of links into the output base, so with the sandbox's path the link took the
+    running root's libc.so.6, libm.so.6 and libc_nonshared.a: FlashInfer modules built in the sealed
+    root (Debian sid) needed GLIBC_2.43 (sqrtf), which the image's glibc 2.36 lacks, and differed
+    from the same build through a remote worker, whose inputs are real files."""
+    real = Path(os.path.realpath(userland / _LINKER_SCRIPT))
+    n = len(_LINKER_SCRIPT.parts)
+    if real.is_file() and real.parts[-n:] == _LINKER_SCRIPT.parts:
+        return Path(*real.parts[:-n])
+    return userland
+
+
+def glibc_release(userland_identity: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """The userland's glibc (its libc6 package's upstream version), or None where unknown."""
+    for p in (userland_identity or {}).get("packages", []):
+        m = re.match(r"(\d+)\.(\d+)", str(p.get("version", ""))) if p.get("name") == "libc6" else None
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def glibc_needed(elf: Path, env: Mapping[str, str]) -> list[tuple[int, int]]:
+    """The GLIBC_x.y symbol versions a shared object requires (binutils' objdump -p)."""
+    try:
+        out = subprocess.run(["objdump", "-p", str(elf)], capture_output=True, text=True, check=True,
+                             env=dict(env)).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise UserError(f"{elf}: objdump -p failed ({e}); check the toolchain's binutils") from None
+    return sorted({(int(a), int(b)) for a, b in re.findall(r"\bGLIBC_(\d+)\.(\d+)", out)})
+
+
+def check_glibc_needed(elf: Path, tc: "Toolchain", what: str) -> None:
+    """A module linked against the userland may need no glibc newer than the userland's (the
+    image's, Debian bookworm's 2.36): one that does fails to load there ("version `GLIBC_2.43'
+    not found"), so the build fails instead, naming the module and the versions."""
+    have = glibc_release(tc.userland_identity)
+    if have is None:
+        return
+    newer = [v for v in glibc_needed(elf, tc.env()) if v > have]
+    if newer:
+        raise UserError(f"{what}: {elf.name} needs GLIBC_{'/'.join(f'{a}.{b}' for a, b in newer)}, newer than the "
+                        f"compiler userland's glibc {have[0]}.{have[1]} (the image's): the link took the running "
+                        "system's libc instead of the userland's; link with --sysroot at the userland's real "
+                        "directory (toolchain.userland_sysroot)")
+
+
 _SHIMS: dict[Path, tuple[Path, Path]] = {}
 
 
@@ -180,11 +234,12 @@ def _userland_shims(userland: Path) -> tuple[Path, Path]:
     wrappers.mkdir()
     libs.mkdir()
     bin_dir = userland / "usr" / "bin"
+    sysroot = userland_sysroot(userland)
     for name, real in (("gcc", "gcc"), ("cc", "gcc"), ("g++", "g++"), ("c++", "g++"),
                        ("cpp", "cpp")):
         target = bin_dir / f"{real}-{USERLAND_GCC_MAJOR}"
         script = wrappers / name
-        script.write_text(f'#!/bin/sh\nexec "{target}" --sysroot="{userland}" "$@"\n')
+        script.write_text(f'#!/bin/sh\nexec "{target}" --sysroot="{sysroot}" "$@"\n')
         script.chmod(0o755)
     for lib_dir in (userland / "usr" / "lib" / "x86_64-linux-gnu",
                     userland / "lib" / "x86_64-linux-gnu"):

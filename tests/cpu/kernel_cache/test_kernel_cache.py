@@ -13,6 +13,7 @@ by the test (a marker comment), standing in for the patch gate output.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,7 +37,8 @@ from tools.kernel_cache.plan import (PLAN_SCHEMA, _mem_hint, describe_drift, fin
                                      make_plan, moe_instantiations, parse_ninja, parse_only,
                                      read_plan, render_plan, select_modules)
 from tests.cpu.conftest import env_path, pinned_toolchain_paths
-from tools.kernel_cache.toolchain import load_toolchain, unpack_tvm_ffi
+from tools.kernel_cache.toolchain import (check_glibc_needed, glibc_needed, glibc_release, load_toolchain,
+                                         unpack_tvm_ffi, userland_sysroot)
 from tools.kernel_cache.tree import AOT_SUBDIR, REPO_ROOT, flashinfer_source_digest
 from tools.kernel_cache.verify import check_elf, find_cuobjdump, verify
 
@@ -377,6 +379,28 @@ def test_toolchain_is_the_pinned_one(env: dict[str, Any]) -> None:
     built = json.loads((env["cache_dir"] / AOT_SUBDIR / CACHE_JSON_NAME).read_text())
     assert built["toolchain"] == ident
     assert "/usr/local/cuda" not in json.dumps(built)
+
+
+def test_a_link_takes_glibc_from_the_userland_not_the_running_system(env: dict[str, Any], tmp_path: Path) -> None:
+    """Here the userland is a forest of links (runfiles), as in every Bazel sandbox. ld reads a
+    linker script's absolute paths (libm.so: /lib/x86_64-linux-gnu/libm.so.6) inside the sysroot
+    only when the script really lies there, so a --sysroot at the forest linked the running root's
+    glibc: FlashInfer modules needed sqrtf@GLIBC_2.43 (Debian sid's) and could not load on the
+    image's glibc 2.36. The sysroot is the userland's real directory; a newer need fails the build."""
+    tc = env["tc"]
+    assert userland_sysroot(tc.userland) == Path(os.path.realpath(tc.userland / "usr/lib/x86_64-linux-gnu/libc.so")).parents[3]
+    src = tmp_path / "m.c"
+    src.write_text("#include <math.h>\nfloat root(float x) { return sqrtf(x); }\n")
+    so = tmp_path / "m.so"
+    proc = tc.run(["gcc", "-shared", "-fPIC", "-fno-builtin", str(src), "-lm", "-o", str(so)])
+    assert proc.returncode == 0, proc.stderr
+    have = glibc_release(tc.userland_identity)
+    needed = glibc_needed(so, tc.env())
+    assert have == (2, 36) and needed and max(needed) <= have, needed
+    check_glibc_needed(so, tc, "link m")
+    older = dataclasses.replace(tc, userland_identity={"packages": [{"name": "libc6", "version": "2.1-1"}]})
+    with pytest.raises(UserError, match=r"^link m: m.so needs GLIBC_2\.2.*newer than the compiler userland's glibc 2\.1"):
+        check_glibc_needed(so, older, "link m")
 
 
 def test_no_cuda_is_picked_up_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
