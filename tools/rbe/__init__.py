@@ -10,5 +10,6 @@ Modules: config (paths, BuildGrid's config, the command lines: pure), root (the 
 mmdebstrap, BuildGrid's venv), exec_root (what remote actions run over: Bazel's sealed root, as
 local actions do), enter (into the root's own mount and PID namespaces, pivot_root),
 supervisor (PID 1 in the root: starts, watches and stops the processes), cluster (up, down,
-status on the host), __main__ (the CLI). Package graph: common, pins, fetch <- rbe.
+status on the host), exec_image (the exec root as an OCI image for a hosted engine: `image`),
+__main__ (the CLI). Package graph: common, pins, fetch, image <- rbe.
 """

@@ -1,13 +1,15 @@
-"""python3 -m tools.rbe up --workers N [--port 50051] | status | down | config"""
+"""python3 -m tools.rbe up --workers N [--port 50051] | status | down | config
+    | image --out DIR [--push HOST[:PORT]/PATH] [--tag T]"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from tools.common.errors import run_cli
-from tools.rbe import cluster, config
+from tools.rbe import cluster, config, exec_image
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,6 +26,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("config", help="print the BuildGrid config `up` would write")
     p.add_argument("--port", type=int, default=config.DEFAULT_PORT)
     p.add_argument("--instance", default=config.DEFAULT_INSTANCE)
+    p = sub.add_parser("image", help="the exec root (what a worker's actions see) as an OCI image, for a hosted "
+                       "REAPI engine (tools/rbe/exec_image.py)")
+    p.add_argument("--out", required=True, type=Path, help="OCI layout directory to write (new or empty)")
+    p.add_argument("--push", metavar="HOST[:PORT]/PATH", help="push it there by digest and print its "
+                   "container-image exec property")
+    p.add_argument("--tag", action="append", default=[], help="tags written after the push is verified (with --push)")
+    p.add_argument("--authfile", type=Path, help="docker/containers auth file for --push")
+    p.add_argument("--source-date-epoch", default=None, help="the layers' mtime (default: $SOURCE_DATE_EPOCH, "
+                   "else image/constants.bzl's)")
     args = ap.parse_args(argv)
     if args.command == "up":
         status = cluster.up(args.workers, args.port, args.instance, args.bots_remote)
@@ -50,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{pid}\t{name}\t{rss / 1024:.1f}\t{pss / 1024:.1f}")
     elif args.command == "config":
         sys.stdout.write(config.bgd_config(cluster.layout(), args.port, args.instance))
+    elif args.command == "image":
+        return exec_image.image_cli(args.out, args.push, args.tag, args.authfile, args.source_date_epoch)
     return 0
 
 
