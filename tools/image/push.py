@@ -104,13 +104,18 @@ class Attestations:
     sbom_cyclonedx: Path | None = None
 
 
+def check_tags(tag_names: Sequence[str]) -> None:
+    """Each --tag is a valid OCI tag: one line naming the first that is not."""
+    for t in tag_names:
+        if not _TAG_RE.match(t):
+            raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
+
+
 def push(layout: Path, repo: Repository, tag_names: Sequence[str], authfile: Path | None = None,
          attestations: Attestations | None = None, local_root: Path | None = None) -> PushResult:
     """local_root: the storage root of the local registry `repo` is on (local_registry()), whose
     pushes of one repository take turns (local_push_lock); None for any other registry."""
-    for t in tag_names:
-        if not _TAG_RE.match(t):
-            raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
+    check_tags(tag_names)
     manifest_digest, config_digest, index_digest, blobs = layout_blobs(layout)
     if attestations is not None:
         attest.signer_keys(attestations.signer)  # a bad key stops the push before any upload

@@ -185,12 +185,10 @@ def image_cli(out: Path, push_to: str | None, tags: Sequence[str], authfile: Pat
         except UserError:
             raise UserError(f"--push {push_to!r}: expected HOST[:PORT]/PATH in lower case, e.g. "
                             "registry.example.com/kimi-k3/exec-root") from None
+        image_push.check_tags(tags)  # push() checks too, but only after the multi-GB build
         skopeo()  # the push's tool, found before the build
     elif tags:
         raise UserError("--tag: tags are written on the pushed image; add --push HOST[:PORT]/PATH")
-    for t in tags:
-        if not image_push._TAG_RE.match(t):  # push() checks too, but only after the build
-            raise UserError(f"--tag {t!r}: not a valid tag ([A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})")
     if authfile is not None and not authfile.is_file():
         raise UserError(f"--authfile {authfile}: no such file; pass a docker/containers auth file")
     fixed_time = image_epoch(epoch_flag)

@@ -196,6 +196,7 @@ def listing(top: Path) -> list[str]:
     (["--out", "{file}"], ["--out", "exists and is not a directory"]),
     (["--out", "{dir}/image", "--tag", "v1"], ["--tag", "add --push"]),
     (["--out", "{dir}/image", "--push", "Not A Repo"], ["--push", "HOST[:PORT]/PATH"]),
+    (["--out", "{dir}/image", "--push", "r.example/x", "--tag", "no good"], ["--tag 'no good'", "not a valid tag"]),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], words: list[str]) -> None:
     er = stand_in(tmp_path)
