@@ -5,7 +5,7 @@ file written), so the tests check every generated line without starting anything
 The config is this project's own minimal one, written for one loopback cluster: one gRPC port
 on 127.0.0.1 (no TLS, no auth: nothing but this host reaches it), instance `main` serving CAS,
 ByteStream, the action cache, Execution and Bots; CAS on disk, the action cache in memory
-(`!lru-action-cache`, lost at `down`: the disk CAS keeps the blobs, so a restarted cluster
+(`!lru-action-cache`, lost at `down`: the CAS keeps the blobs, so a restarted cluster
 reruns actions once and uploads nothing twice), and BuildGrid's one scheduler, `!sql-scheduler`,
 which accepts only a `postgresql:` URL: PostgreSQL on a Unix socket (no second TCP port).
 """
@@ -57,7 +57,7 @@ def check_instance(name: str) -> str | None:
 @dataclass(frozen=True)
 class Layout:
     """Every path of one cluster under its state directory (`<cache root>/rbe/`): `data/` outlives
-    a `down` (PostgreSQL's cluster, the CAS, each worker's casd cache); `run/` is one `up`'s
+    a `down` (PostgreSQL's cluster, casd's blob store); `run/` is one `up`'s
     (configs, sockets, logs, the state file), written anew at each `up`."""
     state: Path
 
@@ -75,10 +75,14 @@ class Layout:
 
     @property
     def cas(self) -> Path:
-        return self.data / "cas"
+        """The one blob store: the shared buildbox-casd's local cache."""
+        return self.data / "casd"
 
-    def casd_cache(self, i: int) -> Path:
-        return self.data / f"casd-{i}"
+    @property
+    def superseded(self) -> list[Path]:
+        """What earlier layouts of this directory held and nothing reads now: BuildGrid's disk CAS
+        and a casd cache per worker. `up` removes them (this tool wrote them; tens of GB)."""
+        return [self.data / "cas", *sorted(self.data.glob("casd-[0-9]*"))]
 
     # Inside the cluster's namespace, on its own tmpfs /run: the postgres user cannot pass
     # through the state directory's parents (a home directory such as /root is 0700), so the
@@ -86,8 +90,9 @@ class Layout:
     pg_socket_dir = Path("/run/postgresql")
     pg_mount = Path("/run/pgdata")
 
-    def casd_socket(self, i: int) -> Path:
-        return self.run / f"casd-{i}.sock"
+    @property
+    def casd_socket(self) -> Path:
+        return self.run / "casd.sock"
 
     @property
     def bgd_config(self) -> Path:
@@ -140,8 +145,11 @@ connections:
     pool-size: 5
     max-overflow: 10
 storages:
-  - !disk-storage &cas
-    path: {_q(str(layout.cas))}
+  # The shared buildbox-casd (casd_argv) is the only store: the workers stage inputs from its
+  # cache as hard links, so each blob lies on the disk once, not once here and again per worker.
+  - !remote-storage &cas
+    url: {_q(f"unix:{layout.casd_socket}")}
+    instance-name: {_q(instance)}
 caches:
   - !lru-action-cache &ac
     storage: *cas
@@ -191,36 +199,35 @@ def postgres_argv(layout: Layout) -> list[str]:
             "-c", "max_connections=100", "-c", "shared_buffers=32MB"]
 
 
-# A worker's local cache: room for the largest input root (the main job's Triton action).
-CASD_QUOTA = "16G"
+# The cluster's one blob store, the ceiling before casd evicts least recently used blobs. casd
+# also lowers it to the disk's free space less --reserved (2G), so on a full disk it evicts.
+CASD_QUOTA = "64G"
 
 
-def casd_argv(layout: Layout, i: int, port: int, instance: str) -> list[str]:
-    # --proxy-instance: the worker and its runner talk to casd under the cluster's instance name;
-    # without it casd answers them "Invalid instance name".
-    # The quota holds a whole input root: the SGLang JIT and Triton actions stage the image's
-    # installed trees (GBs). With 4G, casd evicted blobs of the tree it was staging, and its FUSE
-    # stager, which cannot fetch them back ("No CAS server configured"), aborted the action. Not
-    # --protect-session-blobs: a long-lived casd then cannot evict at all, and once the disk was
-    # short it refused every later staging (OutOfSpaceException).
-    return ["/usr/bin/buildbox-casd", f"--cas-remote=http://127.0.0.1:{port}", f"--cas-instance={instance}",
-            f"--proxy-instance={instance}", f"--bind=unix:{layout.casd_socket(i)}", f"--quota-high={CASD_QUOTA}",
-            "--log-level=warning", str(layout.casd_cache(i))]
+def casd_argv(layout: Layout, instance: str) -> list[str]:
+    """One buildbox-casd for the whole cluster, a CAS server of its own (no remote): BuildGrid's
+    storage (`!remote-storage` on its socket) and every worker's local CAS. With a casd per worker
+    proxying BuildGrid's disk CAS, every input root lay on the disk twice (10 GB for the SGLang
+    JIT action): the worker's casd, lowering its quota to the free space, evicted blobs of the
+    tree it was staging, and the action failed ("Could not read blob" of the input root's
+    Directory). Not --protect-session-blobs: a long-lived casd then cannot evict at all, and once
+    the disk was short it refused every later staging (OutOfSpaceException)."""
+    return ["/usr/bin/buildbox-casd", f"--local-server-instance={instance}", f"--bind=unix:{layout.casd_socket}",
+            f"--quota-high={CASD_QUOTA}", "--log-level=warning", str(layout.cas)]
 
 
 def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str,
                 runner_binds: Sequence[tuple[str, str]]) -> list[str]:
     """runner_binds: (source, path in the action), read-only; bubblewrap gives an action only
     these, its input tree, loopback and no capabilities (tools/rbe/exec_root.py says which)."""
-    argv = ["/usr/bin/buildbox-worker", f"--bots-remote={bots_remote}", f"--cas-remote=unix:{layout.casd_socket(i)}",
+    argv = ["/usr/bin/buildbox-worker", f"--bots-remote={bots_remote}", f"--cas-remote=unix:{layout.casd_socket}",
             f"--instance={instance}", "--buildbox-run=/usr/bin/buildbox-run-bubblewrap",
             # A worker that loses the server gives up after a few tries instead of retrying forever:
             # `up` sees it exit and names it.
             "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning",
-            # Stage inputs as hard links from casd's cache, not through buildbox-fuse: the FUSE
-            # stager aborted the action ("Software caused connection abort") whenever a blob of the
-            # tree was not in casd's cache, since buildbox-fuse, as casd starts it, has no remote
-            # to fetch it from ("No CAS server configured").
+            # Stage inputs as hard links from the shared casd's cache, not through buildbox-fuse:
+            # the FUSE stager aborted the action ("Software caused connection abort") whenever a
+            # blob of the tree was not in casd's cache ("No CAS server configured").
             "--runner-arg=--staging-mode=copy-or-link"]
     argv += [f"--runner-arg=--ro-bind-mount={source}:{path}" for source, path in runner_binds]
     argv += [f"--platform={k}={v}" for k, v in sorted(PLATFORM.items())]

@@ -5,7 +5,8 @@
 
 Starts, in order, each only once the one before answers: PostgreSQL (initdb on first use, as
 the root's `postgres` user; a Unix socket only), BuildGrid's schema (`bgd migrate apply`), the
-BuildGrid server (`bgd server start`), then per worker a buildbox-casd and a buildbox-worker,
+buildbox-casd (the cluster's one blob store), the BuildGrid server (`bgd server start`), then the
+buildbox-workers,
 and waits until every worker has a bot session in the scheduler's database. Then it writes
 `ready` to the status file and waits. On SIGTERM (`down`) it stops them in the reverse order.
 If anything fails to start, or a process dies later, it writes `failed` with one line naming the
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,6 +134,14 @@ class Supervisor:
         if have != "1":
             self.run("createdb", ["createdb", "-h", sock, "-U", config.PG_USER, config.DATABASE])
 
+    def casd(self) -> None:
+        for old in self.layout.superseded:
+            shutil.rmtree(old, ignore_errors=True)
+        self.layout.cas.mkdir(exist_ok=True)
+        self.start("casd", config.casd_argv(self.layout, self.instance))
+        sock = self.layout.casd_socket
+        self.wait_for(f"socket {sock}", "casd", sock.exists)
+
     def buildgrid(self) -> None:
         bgd = str(self.venv / "bin" / "bgd")
         self.run("migrate", [bgd, "migrate", "apply", config.database_url(self.layout)], timeout=120)
@@ -148,10 +158,6 @@ class Supervisor:
         # Bot sessions made from now on are this start's (the database outlives a `down`).
         since = self.psql("SELECT (now() AT TIME ZONE 'utc')::text")
         for i in range(self.workers):
-            self.layout.casd_cache(i).mkdir(exist_ok=True)
-            self.start(f"casd-{i}", config.casd_argv(self.layout, i, self.port, self.instance))
-            sock = self.layout.casd_socket(i)
-            self.wait_for(f"socket {sock}", f"casd-{i}", sock.exists)
             self.start(f"worker-{i}", config.worker_argv(self.layout, i, self.bots_remote, self.instance,
                                                                self.runner_binds))
 
@@ -189,7 +195,7 @@ class Supervisor:
                     proc.returncode = -1  # reaped here; Popen would not see it again
 
     def stop(self) -> None:
-        """Reverse start order: workers and their casd, BuildGrid, then PostgreSQL (SIGINT: its fast
+        """Reverse start order: workers, BuildGrid, casd, then PostgreSQL (SIGINT: its fast
         shutdown, which ends its sessions and writes a checkpoint)."""
         for name, proc in reversed(self.procs):
             if proc.poll() is not None:
@@ -206,6 +212,7 @@ class Supervisor:
             signal.signal(sig, self.on_signal)
         try:
             self.postgres()
+            self.casd()
             self.buildgrid()
             self.workers_up()
         except (StartError, subprocess.TimeoutExpired, OSError) as e:

@@ -25,7 +25,7 @@ def test_bgd_config_serves_one_instance_on_loopback() -> None:
     assert re.search(r'^  - name: "main"$', text, re.M)
     for service in ("!action-cache", "!execution", "!cas", "!bytestream"):
         assert f"      - {service}\n" in text
-    assert "!disk-storage" in text and 'path: "/state/rbe/cluster/data/cas"' in text
+    assert "!disk-storage" not in text  # the blobs are casd's alone
     assert "!lru-action-cache" in text and "!sql-scheduler" in text
     assert 'connection-string: "postgresql+psycopg://postgres@/bgd?host=/run/postgresql"' in text
     # Loopback polling, not BuildGrid's 1 s defaults (the floor of a round trip).
@@ -58,15 +58,21 @@ def test_instance_names() -> None:
         assert config.check_instance(bad), bad
 
 
-def test_casd_proxies_the_instance_and_worker_binds_the_root() -> None:
-    casd = config.casd_argv(LAYOUT, 1, 50051, "main")
-    assert "--proxy-instance=main" in casd and "--cas-remote=http://127.0.0.1:50051" in casd
-    assert "--bind=unix:/state/rbe/cluster/run/casd-1.sock" in casd
-    assert casd[-1] == "/state/rbe/cluster/data/casd-1"
+def test_one_casd_stores_every_blob_once_and_workers_bind_the_root() -> None:
+    """BuildGrid's storage and every worker's CAS are the one casd: no remote behind it, the
+    cluster's instance served locally, so a blob lies on the disk once."""
+    casd = config.casd_argv(LAYOUT, "main")
+    assert "--local-server-instance=main" in casd
+    assert not [a for a in casd if a.startswith(("--cas-remote", "--proxy-instance", "--remote"))]
+    assert "--bind=unix:/state/rbe/cluster/run/casd.sock" in casd
+    assert casd[-1] == "/state/rbe/cluster/data/casd"
+    text = config.bgd_config(LAYOUT, 50123, "main")
+    assert re.search(r'- !remote-storage &cas\n    url: "unix:/state/rbe/cluster/run/casd.sock"\n'
+                     r'    instance-name: "main"\n', text)
     actions = exec_root.ExecRoot(Path("/sealed"), Path("/py"), Path("/cache/venvs"))
     worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main", actions.runner_binds())
     assert worker[0] == "/usr/bin/buildbox-worker" and worker[-1] == "rbe-worker-1"
-    assert "--cas-remote=unix:/state/rbe/cluster/run/casd-1.sock" in worker
+    assert "--cas-remote=unix:/state/rbe/cluster/run/casd.sock" in worker
     assert "--buildbox-run=/usr/bin/buildbox-run-bubblewrap" in worker
     # An action sees the sealed root's system directories, the interpreter and the venvs; nothing
     # of the cluster's own root.
@@ -126,6 +132,13 @@ def test_bazelrc_rbe_reaches_the_cluster() -> None:
     assert text.index("build:rbe --remote_executor") < text.index("try-import %workspace%/user.bazelrc")
 
 
+def test_up_removes_only_the_stores_of_earlier_layouts(tmp_path: Path) -> None:
+    lay = config.Layout(tmp_path)
+    for d in ("cas", "casd-0", "casd-12", "casd", "pg", "casd-notes"):
+        (lay.data / d).mkdir(parents=True)
+    assert [p.name for p in lay.superseded] == ["cas", "casd-0", "casd-12"]
+
+
 def test_large_input_roots_fit() -> None:
     """The main job's SGLang JIT and Triton actions take the image's installed trees (tens of
     thousands of files, GBs): over 100 connections BuildGrid cancelled half the uploads, and a
@@ -135,7 +148,7 @@ def test_large_input_roots_fit() -> None:
     connections = [int(l.split("=", 1)[1]) for l in lines if l.startswith("--remote_max_connections=")]
     assert connections and connections[-1] <= 4
     assert any(l.startswith("--remote_timeout=") and int(l.split("=", 1)[1]) >= 600 for l in lines)
-    casd = config.casd_argv(LAYOUT, 1, 50051, "main")
+    casd = config.casd_argv(LAYOUT, "main")
     quota = [a.split("=", 1)[1] for a in casd if a.startswith("--quota-high=")]
     assert quota == [config.CASD_QUOTA] and int(config.CASD_QUOTA.rstrip("G")) >= 16
     # A casd that may not evict what it fetched in its lifetime refuses every staging once full.
