@@ -207,10 +207,17 @@ def check(request):
     return 0
 
 
+PREFIX_MAP_FLAG = re.compile(r"\s*(?:-Xcompiler=)?-ffile-prefix-map=\S*")
+
+
 def compile_id(build_file, path_maps):
     """sha256 of the build file a module is compiled from, with every path of this run (the
     sandbox's, the scratch's, the toolchain's real roots) replaced by its fixed name: equal ids
-    mean the same compiler, flags, sources and include paths, wherever each build ran."""
+    mean the same compiler, flags, sources and include paths, wherever each build ran.
+    The -ffile-prefix-map flags are left out: they only say where this run's paths lie, and how
+    many there are depends on how the inputs were laid out (in linux-sandbox a toolchain has a
+    link path and a real root, two flags; staged by a remote worker, one), not on the compile."""
+    build_file = PREFIX_MAP_FLAG.sub("", build_file)
     for real, fixed in sorted(path_maps, key=lambda m: len(m[0]), reverse=True):
         if real:
             build_file = build_file.replace(real, fixed)
@@ -334,11 +341,16 @@ def main(request_path):
         else:
             scanned = original_scan(build_dir)
         for path in scanned:
-            resolved = (path if path.is_absolute() else build_dir / path).resolve()
+            named = path if path.is_absolute() else build_dir / path
+            resolved = named.resolve()
             if resolved.is_relative_to(build_dir):
                 continue
             root, rel = cache._normalize_path(resolved)
-            (kept if root in IMAGE_ANCHORS else dropped).append((path, root, rel, str(resolved)))
+            # A toolchain file is recorded by the name the compiler used, not where its links
+            # lead: the CUDA root's targets/x86_64-linux/include is a link in Bazel's repository
+            # (resolved here locally, to include/) and a real directory when a remote worker
+            # stages the inputs.
+            (kept if root in IMAGE_ANCHORS else dropped).append((path, root, rel, os.path.normpath(named)))
         current["kept"] = [(root, rel) for _, root, rel, _ in kept]
         current["dropped"] = [real for *_, real in dropped]
         return [path for path, *_ in kept]

@@ -452,6 +452,12 @@ def test_compile_id_is_the_build_file_without_its_run_paths() -> None:
     assert one != compile_id(build_file("/a/sandbox/1", flag="-O2"), maps("/a/sandbox/1"))
     assert one != compile_id(build_file("/a/sandbox/1", source="other.cuh"), maps("/a/sandbox/1"))
     assert one != compile_id(build_file("/a/sandbox/1"), maps("/a/sandbox/1")[1:])
+    # In linux-sandbox the toolchain is named by its link path and its real root (two prefix
+    # maps); staged by a remote worker it has one path (one map): the same compile, one id.
+    local = build_file("/a/sandbox/1").replace(
+        "-Xcompiler=-ffile-prefix-map=", "-Xcompiler=-ffile-prefix-map=/ob/external/cuda=/kimi-k3/cuda "
+        "-Xcompiler=-ffile-prefix-map=")
+    assert one == compile_id(local, maps("/a/sandbox/1") + [("/ob/external/cuda", "/kimi-k3/cuda")])
 
 
 def test_a_reused_cache_must_be_the_same_stack_and_arch_with_compile_ids(tmp_path: Path) -> None:
