@@ -1,6 +1,6 @@
 """The four times a newcomer meets, with their goals (not a test: it drives Bazel itself).
 
-    python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main,second-push,verify]
+    python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,kernel-cache,cold-main,second-push,verify,both]
                            [--record docs/measurements/YYYY-MM-DD.md] [--keep] [--profiles]
 
 Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
@@ -14,6 +14,7 @@ Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 | cold-main     | `tools/bazel run --config=pypi //image:push` (the main job): new output root, empty disk cache | kernel-cache + 3 min |
 | second-push   | the main job again in the same clone: the image and its attachments already pushed | 0 blobs, 3 attachments kept |
 | verify        | `tools/bazel run //image:verify -- REF --key PUB` on what the main job pushed (a full pull) | 6 of 6 checks ok |
+| both          | the test command and the main job started together in two clones: two new output roots, one empty disk cache | both green |
 
 "Cold" is Bazel cold: no output root and no disk cache (`KIMI_K3_BAZEL_OUTPUT_ROOT`,
 `KIMI_K3_DISK_CACHE` point into a temp dir); the artifact cache (downloads, by sha256) and the
@@ -40,11 +41,11 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.bench.profile import report as profile_report
-from tools.bench.runs import clone, machine, run, shutdown
+from tools.bench.runs import clone, machine, run, run_together, shutdown
 from tools.common.errors import UserError, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ("cold-tests", "second-clone", "warm-noop", "kernel-cache", "cold-main", "second-push", "verify")
+FIGURES = ("cold-tests", "second-clone", "warm-noop", "kernel-cache", "cold-main", "second-push", "verify", "both")
 AFTER_MAIN = ("second-push", "verify")  # figures of what the main job pushed
 GOALS = {"cold-tests": 12 * 60, "second-clone": 3 * 60, "warm-noop": 60}
 MAIN_JOB_MARGIN = 3 * 60
@@ -202,6 +203,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if figure == "cold-main" and rc == 0:
                 figures += after_main(cmd, work / name, env, work, only, out)
             drop(name, env, name)
+        if "both" in only:
+            # A newcomer who pastes both README commands at once: one HOME, so one disk cache and
+            # one artifact cache that both fill; each clone its own output root.
+            jobs = []
+            for name, cmd in (("both-tests", ["bash", ".ci/run"]),
+                              ("both-main", ["tools/bazel", "run", "--config=pypi", "//image:push"])):
+                clone(work / name)
+                jobs.append((cmd, work / name, env_for(name, "both"), work / f"{name}.log"))
+            (t_rc, t_secs, t_out), (m_rc, m_secs, m_out) = run_together(jobs)
+            figures.append(Figure("both", "bash .ci/run & tools/bazel run --config=pypi //image:push",
+                                  max(t_secs, m_secs), t_rc or m_rc,
+                                  f"tests {t_secs:.0f} s: {tests_detail(t_out)}; main job {m_secs:.0f} s: "
+                                  f"{build_detail(m_out)}", "both green", t_rc == 0 and m_rc == 0))
+            drop("both-tests", jobs[0][2])
+            drop("both-main", jobs[1][2], "both")
     finally:
         if figures:
             text = "\n".join([table(figures, commit)] + profiles)

@@ -47,6 +47,28 @@ def run(cmd: Sequence[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[
     return rc, time.monotonic() - start, log.read_text(errors="replace")
 
 
+def run_together(jobs: Sequence[tuple[Sequence[str], Path, dict[str, str], Path]]) -> list[tuple[int, float, str]]:
+    """Start every (cmd, cwd, env, log) at once, each to its own log; wait for all. Per job: (rc,
+    seconds from the common start to its end, output)."""
+    start = time.monotonic()
+    procs = []
+    for cmd, cwd, env, log in jobs:
+        print(f"[bench] {cwd.name}: {' '.join(cmd)} (together, log {log})", file=sys.stderr, flush=True)
+        out = open(log, "w")
+        procs.append((subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    ends: dict[int, float] = {}
+    while len(ends) < len(procs):
+        for i, (proc, _) in enumerate(procs):
+            if i not in ends and proc.poll() is not None:
+                ends[i] = time.monotonic() - start
+        time.sleep(0.2)
+    results = []
+    for i, ((proc, out), (_, _, _, log)) in enumerate(zip(procs, jobs)):
+        out.close()
+        results.append((proc.returncode, ends[i], log.read_text(errors="replace")))
+    return results
+
+
 def shutdown(clone_dir: Path, env: dict[str, str]) -> None:
     subprocess.run(["tools/bazel", "shutdown"], cwd=clone_dir, env=env, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
