@@ -76,6 +76,7 @@ TREE_REMOVALS = {
     ("kernel_cache/probe.py", "run_probe", "work"): "its own mkdtemp",
     ("patch_gate/gate.py", "run_gate", "scratch"): "its own mkdtemp",
     ("rbe/root.py", "ensure_root", "scratch"): "its own mkdtemp (the set's local repository)",
+    ("rbe/supervisor.py", "Supervisor.casd", "old"): "a store an earlier layout of the cluster's own data directory wrote (BuildGrid's disk CAS, a casd cache per worker; Layout.superseded names only those)",
 }
 
 
