@@ -4,7 +4,7 @@ file written), so the tests check every generated line without starting anything
 
 The config is this project's own minimal one, written for one loopback cluster: one gRPC port
 on 127.0.0.1 (no TLS, no auth: nothing but this host reaches it), instance `main` serving CAS,
-ByteStream, the action cache, Execution and Bots; CAS on disk, the action cache in memory
+ByteStream, the action cache, Execution and Bots; CAS in one buildbox-casd, the action cache in memory
 (`!lru-action-cache`, lost at `down`: the CAS keeps the blobs, so a restarted cluster
 reruns actions once and uploads nothing twice), and BuildGrid's one scheduler, `!sql-scheduler`,
 which accepts only a `postgresql:` URL: PostgreSQL on a Unix socket (no second TCP port).
@@ -145,8 +145,8 @@ connections:
     pool-size: 5
     max-overflow: 10
 storages:
-  # The shared buildbox-casd (casd_argv) is the only store: the workers stage inputs from its
-  # cache as hard links, so each blob lies on the disk once, not once here and again per worker.
+  # The shared buildbox-casd (casd_argv) is the only store: each blob is kept once, not once
+  # here and again per worker (a worker's staging may still copy what it cannot link).
   - !remote-storage &cas
     url: {_q(f"unix:{layout.casd_socket}")}
     instance-name: {_q(instance)}
