@@ -146,7 +146,7 @@ connections:
     max-overflow: 10
 storages:
   # The shared buildbox-casd (casd_argv) is the only store: each blob is kept once, not once
-  # here and again per worker (a worker's staging may still copy what it cannot link).
+  # here and again per worker, and the workers' FUSE staging reads it in place.
   - !remote-storage &cas
     url: {_q(f"unix:{layout.casd_socket}")}
     instance-name: {_q(instance)}
@@ -225,10 +225,12 @@ def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str,
             # A worker that loses the server gives up after a few tries instead of retrying forever:
             # `up` sees it exit and names it.
             "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning",
-            # Stage inputs as hard links from the shared casd's cache, not through buildbox-fuse:
-            # the FUSE stager aborted the action ("Software caused connection abort") whenever a
-            # blob of the tree was not in casd's cache ("No CAS server configured").
-            "--runner-arg=--staging-mode=copy-or-link"]
+            # Stage inputs through buildbox-fuse (casd serves the tree from its own objects), not
+            # copy-or-link: Bazel marks every input executable and casd keeps its objects
+            # read-only, so that stager copies every file, and a 10 GB input root (the SGLang JIT
+            # action) lay on the disk twice while it ran. FUSE aborted actions ("No CAS server
+            # configured") only while a worker's casd could lack a blob; the one casd has them all.
+            "--runner-arg=--staging-mode=fuse"]
     argv += [f"--runner-arg=--ro-bind-mount={source}:{path}" for source, path in runner_binds]
     argv += [f"--platform={k}={v}" for k, v in sorted(PLATFORM.items())]
     return argv + [f"rbe-worker-{i}"]

@@ -154,7 +154,9 @@ def test_large_input_roots_fit() -> None:
     # A casd that may not evict what it fetched in its lifetime refuses every staging once full.
     assert "--protect-session-blobs" not in casd
     worker = config.worker_argv(LAYOUT, 1, "http://127.0.0.1:50051", "main", [])
-    assert "--runner-arg=--staging-mode=copy-or-link" in worker  # not the FUSE stager
+    # Not copy-or-link: it copies every input (all executable, casd's objects read-only), so an
+    # input root of GBs would be on the disk twice while its action runs.
+    assert "--runner-arg=--staging-mode=fuse" in worker
 
 
 if __name__ == "__main__":
