@@ -288,6 +288,7 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
                 sites[site.id] = site
     module_of = {rel: reach_mod.module_name(rel) for rel in tree.files}
 
+    imports_memo: dict[tuple, list[tuple[str, tuple[str, ...]]]] = {}  # shared by every profile's closures
     reached_by: dict[str, list[str]] = {}
     startup_sites: set[str] = set()  # in a module importing the roots loads (no function run)
     profile_out: dict[str, Any] = {}
@@ -308,8 +309,8 @@ def build_inventory(stack: str, tree: SourceTree, profiles: list[Profile], reach
             raise UserError(f"jit_cache/reach.json: root module {missing[0]} (profile {profile.name}) is not in "
                             f"stack {stack}'s SGLang tree; update reach.json for this SGLang")
         pruning = _pruning(reach, settings)
-        reached = reach_mod.closure(roots, modules, tree.parse, pruning)
-        startup = reach_mod.closure(roots, modules, tree.parse, pruning, lazy=False)
+        reached = reach_mod.closure(roots, modules, tree.parse, pruning, memo=imports_memo)
+        startup = reach_mod.closure(roots, modules, tree.parse, pruning, lazy=False, memo=imports_memo)
         for site_id, site in sites.items():
             module = module_of.get(site.file)
             if module in reached:

@@ -150,12 +150,22 @@ def _with_parents(name: str) -> Iterable[str]:
         yield ".".join(parts[:i])
 
 
-def closure(roots: Iterable[str], modules: Mapping[str, str], parse, pruning: Pruning, lazy: bool = True) -> set[str]:
+def _pruning_key(pruning: Pruning) -> tuple:
+    return (pruning.other_platform_predicates, pruning.cuda_predicates, pruning.other_platform_modules,
+            tuple(sorted(pruning.registries.items())))
+
+
+def closure(roots: Iterable[str], modules: Mapping[str, str], parse, pruning: Pruning, lazy: bool = True,
+            memo: dict[tuple, list[tuple[str, tuple[str, ...]]]] | None = None) -> set[str]:
     """Module names reached from `roots`. `modules`: module name -> path in the tree; `parse(path)`
     gives a module's AST. `lazy`: follow imports inside functions too (else: what importing the
-    roots loads at startup)."""
+    roots loads at startup). `memo`: one dict for every closure over the same `modules` and
+    `parse`; a module's imports depend only on its AST, the pruning and `lazy`, and walking the
+    ASTs again for each launch profile was most of an inventory's time."""
     packages = {m for m, p in modules.items() if p.endswith("/__init__.py")}
     skipped = tuple(p + "." for p in pruning.other_platform_modules)
+    memo = {} if memo is None else memo
+    pruning_key = _pruning_key(pruning)
     reached: set[str] = set()
     todo = [r for root in roots for r in _with_parents(root)]
     while todo:
@@ -163,7 +173,10 @@ def closure(roots: Iterable[str], modules: Mapping[str, str], parse, pruning: Pr
         if name in reached or name not in modules or name in pruning.other_platform_modules or name.startswith(skipped):
             continue
         reached.add(name)
-        for target, names in imports_of(name, name in packages, parse(modules[name]), pruning, lazy):
+        key = (name, lazy, pruning_key)
+        if key not in memo:
+            memo[key] = imports_of(name, name in packages, parse(modules[name]), pruning, lazy)
+        for target, names in memo[key]:
             todo.extend(_with_parents(target))
             todo.extend(f"{target}.{n}" for n in names if f"{target}.{n}" in modules)
     return reached

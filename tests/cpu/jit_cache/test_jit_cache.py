@@ -192,6 +192,27 @@ def test_cute_dsl_compile_and_aot_cache() -> None:
                      "cute-dsl:c.py:compiled": {"use": "compile", "compiles": "fn"}}
 
 
+def test_one_memo_serves_closures_of_different_prunings() -> None:
+    """The inventory shares one memo of each module's imports across its launch profiles: a
+    closure through it equals one without it, for each pruning and each of lazy/startup, in any
+    order (a memo keyed only by module would give the fa3 profile the triton one's imports)."""
+    from tools.jit_cache import reach as reach_mod
+    parsed = {rel: ast.parse(textwrap.dedent(text)) for rel, text in FIXTURE.items()}
+    modules = {reach_mod.module_name(rel): rel for rel in FIXTURE}
+    roots = ["sglang.launch_server", "sglang.srt.models.toy"]
+    prunings = [reach_mod.Pruning(frozenset({"is_hip"}),
+                                  registries={"register_attention_backend": frozenset({backend})})
+                for backend in ("triton", "fa3")]
+    alone = [reach_mod.closure(roots, modules, parsed.__getitem__, p, lazy) for p in prunings for lazy in (True, False)]
+    assert "sglang.kernels.triton_attn" in alone[0] and "sglang.kernels.fa3_attn" not in alone[0]
+    assert "sglang.kernels.fa3_attn" in alone[2] and "sglang.kernels.triton_attn" not in alone[2]
+    assert "sglang.srt.attention_registry" not in alone[1]  # imported only inside a function
+    memo: dict = {}
+    shared = [reach_mod.closure(roots, modules, parsed.__getitem__, p, lazy, memo=memo)
+              for p in prunings for lazy in (True, False)]
+    assert shared == alone and memo
+
+
 def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None:
     _, inventory = built
     sites = inventory["sites"]
