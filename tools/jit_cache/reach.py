@@ -22,7 +22,7 @@ sources, and code outside the tree (FlashInfer's own Python is scanned only as A
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Mapping
 
 from tools.jit_cache.sites import dotted
@@ -151,8 +151,10 @@ def _with_parents(name: str) -> Iterable[str]:
 
 
 def _pruning_key(pruning: Pruning) -> tuple:
-    return (pruning.other_platform_predicates, pruning.cuda_predicates, pruning.other_platform_modules,
-            tuple(sorted(pruning.registries.items())))
+    """Every field of the pruning, hashable (a mapping as its sorted items): a field added to
+    Pruning is part of the memo's key without anyone remembering to add it here."""
+    values = (getattr(pruning, f.name) for f in fields(pruning))
+    return tuple(tuple(sorted(v.items())) if isinstance(v, Mapping) else v for v in values)
 
 
 def closure(roots: Iterable[str], modules: Mapping[str, str], parse, pruning: Pruning, lazy: bool = True,

@@ -5,6 +5,7 @@ fix), and bad input is one line. Also: the checked-in data files are well formed
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 import textwrap
@@ -211,6 +212,13 @@ def test_one_memo_serves_closures_of_different_prunings() -> None:
     shared = [reach_mod.closure(roots, modules, parsed.__getitem__, p, lazy, memo=memo)
               for p in prunings for lazy in (True, False)]
     assert shared == alone and memo
+    # Each field of the pruning is part of the memo's key.
+    base = reach_mod.Pruning(frozenset({"is_hip"}))
+    variants = [reach_mod.Pruning(frozenset({"is_npu"})), reach_mod.Pruning(frozenset({"is_hip"}), frozenset({"is_cuda"})),
+                reach_mod.Pruning(frozenset({"is_hip"}), other_platform_modules=("sglang.hip",)),
+                reach_mod.Pruning(frozenset({"is_hip"}), registries={"r": frozenset({"x"})})]
+    assert len({reach_mod._pruning_key(p) for p in [base, *variants]}) == 1 + len(variants)
+    assert len(variants) == len(dataclasses.fields(reach_mod.Pruning))
 
 
 def test_inventory_reach_and_status(built: tuple[dict[str, Path], dict]) -> None:
