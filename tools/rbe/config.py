@@ -82,7 +82,7 @@ class Layout:
     def superseded(self) -> list[Path]:
         """What earlier layouts of this directory held and nothing reads now: BuildGrid's disk CAS
         and a casd cache per worker. `up` removes them (this tool wrote them; tens of GB)."""
-        return [self.data / "cas", *sorted(self.data.glob("casd-[0-9]*"))]
+        return [self.data / "cas", *sorted(p for p in self.data.glob("casd-*") if re.fullmatch(r"casd-\d+", p.name))]
 
     # Inside the cluster's namespace, on its own tmpfs /run: the postgres user cannot pass
     # through the state directory's parents (a home directory such as /root is 0700), so the

@@ -134,7 +134,7 @@ def test_bazelrc_rbe_reaches_the_cluster() -> None:
 
 def test_up_removes_only_the_stores_of_earlier_layouts(tmp_path: Path) -> None:
     lay = config.Layout(tmp_path)
-    for d in ("cas", "casd-0", "casd-12", "casd", "pg", "casd-notes"):
+    for d in ("cas", "casd-0", "casd-12", "casd", "pg", "casd-notes", "casd-1.bak"):
         (lay.data / d).mkdir(parents=True)
     assert [p.name for p in lay.superseded] == ["cas", "casd-0", "casd-12"]
 
