@@ -207,10 +207,10 @@ CASD_QUOTA = "64G"
 def casd_argv(layout: Layout, instance: str) -> list[str]:
     """One buildbox-casd for the whole cluster, a CAS server of its own (no remote): BuildGrid's
     storage (`!remote-storage` on its socket) and every worker's local CAS. With a casd per worker
-    proxying BuildGrid's disk CAS, every input root lay on the disk twice (10 GB for the SGLang
-    JIT action): the worker's casd, lowering its quota to the free space, evicted blobs of the
-    tree it was staging, and the action failed ("Could not read blob" of the input root's
-    Directory). Not --protect-session-blobs: a long-lived casd then cannot evict at all, and once
+    proxying BuildGrid's disk CAS, every input root lay on the disk twice (the SGLang JIT
+    action's is GBs; docs/measurements): the worker's casd, lowering its quota to the free space,
+    evicted blobs of the tree it was staging, and the action failed ("Could not read blob" of the
+    input root's Directory). Not --protect-session-blobs: a long-lived casd then cannot evict at all, and once
     the disk was short it refused every later staging (OutOfSpaceException)."""
     return ["/usr/bin/buildbox-casd", f"--local-server-instance={instance}", f"--bind=unix:{layout.casd_socket}",
             f"--quota-high={CASD_QUOTA}", "--log-level=warning", str(layout.cas)]
@@ -227,8 +227,8 @@ def worker_argv(layout: Layout, i: int, bots_remote: str, instance: str,
             "--bots-retry-limit=3", "--bots-retry-delay=500", "--log-level=warning",
             # Stage inputs through buildbox-fuse (casd serves the tree from its own objects), not
             # copy-or-link: Bazel marks every input executable and casd keeps its objects
-            # read-only, so that stager copies every file, and a 10 GB input root (the SGLang JIT
-            # action) lay on the disk twice while it ran. FUSE aborted actions ("No CAS server
+            # read-only, so that stager copies every file, and an input root of GBs (the SGLang
+            # JIT action) lay on the disk twice while it ran. FUSE aborted actions ("No CAS server
             # configured") only while a worker's casd could lack a blob; the one casd has them all.
             "--runner-arg=--staging-mode=fuse"]
     argv += [f"--runner-arg=--ro-bind-mount={source}:{path}" for source, path in runner_binds]
