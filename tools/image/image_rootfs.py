@@ -13,6 +13,7 @@ from typing import Iterator
 
 from tools.common.errors import UserError
 from tools.common import cuda_home
+from tools.jit_cache import bytecode_tree
 from tools.image.layout import blob_path, config_env, read_index_manifest
 from tools.image.wheel_install import SITE_PACKAGES
 
@@ -129,7 +130,9 @@ def mounted_rootfs_plan(plan_path: Path, work: Path, runfiles: Path | None = Non
         raise UserError(f"{plan_path}: cannot mount its layers as an overlay at {rootfs} "
                         f"({mounted.stderr.strip().splitlines()[:1]}); the kernel needs overlayfs")
     try:
-        yield rootfs, config_env(plan["env"])
+        # A bytecode tree among the layers (//jit_cache:image_bytecode, not in the image) is read
+        # through PYTHONPYCACHEPREFIX.
+        yield rootfs, config_env(plan["env"]) + bytecode_tree.chroot_env(lower)
     finally:
         subprocess.run([shutil.which("umount") or "/usr/bin/umount", "--lazy", str(rootfs)], check=False)
 

@@ -30,16 +30,26 @@ the part that differs), each cacheable autotune result as Triton's autotune file
 SGLang JIT and FlashInfer modules checked against `sglang_jit` and `kernel_plan`
 (tools/jit_cache/triton_recorded.py).
 
+    image_bytecode(name, stack, modules, layers)
+
+The image's Python bytecode for the builds and tests that run its python3 (not in the image):
+what the image's python3.11 imports for `modules` over the `layers`' trees, its standard library
+included, compiled by it as checked-hash .pyc laid out for PYTHONPYCACHEPREFIX
+(tools/jit_cache/bytecode.py). A LayerInfo: put it last in the `layers` of sglang_jit_cache,
+triton_cache or oci_rootfs; their tools point the image's python3 at it.
+
 INVENTORY_CHECK_ARGS, INVENTORY_CHECK_DATA: what `python3 -m tools.jit_cache check` gets for
 every stack (//tests/cpu/jit_cache:inventory_current).
 """
 
+load("//tools/jit_cache/private:bytecode.bzl", _image_bytecode = "image_bytecode")
 load("//tools/jit_cache/private:inventory.bzl", _CHECK_ARGS = "CHECK_ARGS", _CHECK_DATA = "CHECK_DATA", _jit_cache_inventories = "jit_cache_inventories")
 
 load("//tools/jit_cache/private:sglang_jit.bzl", _sglang_jit_cache = "sglang_jit_cache")
 load("//tools/jit_cache/private:triton_cache.bzl", _triton_cache = "triton_cache")
 load("//tools/jit_cache/private:triton_recorded.bzl", _triton_recorded_cache = "triton_recorded_cache")
 
+image_bytecode = _image_bytecode
 INVENTORY_CHECK_ARGS = _CHECK_ARGS
 INVENTORY_CHECK_DATA = _CHECK_DATA
 jit_cache_inventories = _jit_cache_inventories

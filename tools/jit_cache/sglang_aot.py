@@ -44,6 +44,7 @@ from tools.common.hashing import sha256_file
 from tools.common.jsondata import ANY, TEXT, ListOf, MapOf, Nullable, Object, json_path, load_json_file
 from tools.common.jsonfmt import review_json
 from tools.common import cuda_home
+from tools.jit_cache import bytecode_tree
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 MANIFEST = "kimi-k3-sglang-jit.json"
@@ -211,12 +212,18 @@ class ImagePython:
         # the output base, and SGLang anchors every path it keys or records by its resolved
         # location (a header would resolve outside the package it was imported from).
         from tools.kernel_cache.toolchain import real_roots
-        self.site_trees = [Path(real_roots(Path(os.path.abspath(t)))[-1]) for t in site_trees]
+        # A bytecode tree among them (tools/jit_cache/bytecode_tree.py) is not merged into the
+        # site: it is the interpreter's PYTHONPYCACHEPREFIX.
+        installed, bytecode = bytecode_tree.split_trees([Path(t) for t in site_trees])
+        self.site_trees = [Path(real_roots(Path(os.path.abspath(t)))[-1]) for t in installed]
         root = scratch / "root"
         self.site_rel = site_packages.strip("/")
         self.python = extract_interpreter(base_tar, root, image_python(site_packages))
         self.site = root / self.site_rel
         merge_site_trees(self.site_trees, self.site_rel, self.site)
+        pycache = ({"PYTHONPYCACHEPREFIX": bytecode_tree.link_prefix(bytecode[-1], scratch / "pycache", root)}
+                   if bytecode else {})
+        self.root = root
         no_tools = scratch / "no-compilers"
         no_tools.mkdir()
         # The image's CUDA home (headers and libraries, no nvcc: tools/common/cuda_home.py). The
@@ -236,6 +243,7 @@ class ImagePython:
             "FLASHINFER_CUDA_ARCH_LIST": arch,
             # Resolved: SGLang anchors the toolkit by its resolved path and replaces that text.
             "CUDA_HOME": str(self.cuda_home.resolve()),
+            **pycache,
         }
 
     def run_worker(self, request: dict[str, Any], extra_env: dict[str, str], what: str,
