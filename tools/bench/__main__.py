@@ -11,7 +11,7 @@ Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 | second-clone  | `bash .ci/run` in a second clone: new output root, the disk cache of cold-tests | <= 3 min |
 | warm-noop     | `bash .ci/run` again in that clone, nothing changed             | <= 1 min                |
 | kernel-cache  | `tools/bazel build --config=pypi //kernel_cache:sm120_cache`: new output root, empty disk cache | (the reference) |
-| cold-main     | `tools/bazel run --config=pypi //image:push` (the main job): new output root, empty disk cache | kernel-cache + 3 min |
+| cold-main     | `tools/bazel run //image:push_pypi` (the main job): new output root, empty disk cache | kernel-cache + 3 min |
 | second-push   | the main job again in the same clone: the image and its attachments already pushed | 0 blobs, 3 attachments kept |
 | verify        | `tools/bazel run //image:verify -- REF --key PUB` on what the main job pushed (a full pull) | 6 of 6 checks ok |
 | both          | the test command and the main job started together in two clones: two new output roots, one empty disk cache | both green |
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 drop(name, env, "tests" if figure == "second-clone" else None)
         reference = None
         for figure, name, cmd in (("kernel-cache", "kc", ["tools/bazel", "build", "--config=pypi", "//kernel_cache:sm120_cache"]),
-                                  ("cold-main", "main", ["tools/bazel", "run", "--config=pypi", "//image:push"])):
+                                  ("cold-main", "main", ["tools/bazel", "run", "//image:push_pypi"])):
             if figure not in only:
                 continue
             clone(work / name)
@@ -208,11 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # one artifact cache that both fill; each clone its own output root.
             jobs = []
             for name, cmd in (("both-tests", ["bash", ".ci/run"]),
-                              ("both-main", ["tools/bazel", "run", "--config=pypi", "//image:push"])):
+                              ("both-main", ["tools/bazel", "run", "//image:push_pypi"])):
                 clone(work / name)
                 jobs.append((cmd, work / name, env_for(name, "both"), work / f"{name}.log"))
             (t_rc, t_secs, t_out), (m_rc, m_secs, m_out) = run_together(jobs)
-            figures.append(Figure("both", "bash .ci/run & tools/bazel run --config=pypi //image:push",
+            figures.append(Figure("both", "bash .ci/run & tools/bazel run //image:push_pypi",
                                   max(t_secs, m_secs), t_rc or m_rc,
                                   f"tests {t_secs:.0f} s: {tests_detail(t_out)}; main job {m_secs:.0f} s: "
                                   f"{build_detail(m_out)}", "both green", t_rc == 0 and m_rc == 0))

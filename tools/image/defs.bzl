@@ -10,6 +10,8 @@
     oci_rootfs         the image's root as its layers' parts, for the launch-profile check (no blobs)
     image_sbom         tools/image/image_sbom.py: the SPDX document of a built layout (syft + the locks)
     oci_push           `bazel run` target: tools/image/push.py on that layout (+ attachments, signed)
+    image_config_binary  a `bazel run` target (oci_push) built in the configuration of a stack's
+                       image, the one the CPU suite's image checks use (one disk cache for both)
     oci_verify         `bazel run` target: tools/image/verify.py (signature, blobs, provenance, SBOM)
     signing_key        `bazel run` target: tools/image/signing.py generate (a sigstore key pair)
 
@@ -27,6 +29,7 @@ load("//tools/image/private:empty_directory.bzl", _empty_directory = "empty_dire
 load("//tools/image/private:layer.bzl", _entrypoint_layer = "entrypoint_layer", _oci_layer = "oci_layer")
 load("//tools/image/private:layout.bzl", _oci_image_layout = "oci_image_layout")
 load("//tools/image/private:providers.bzl", _LayerInfo = "LayerInfo")
+load("//tools/image/private:image_config_binary.bzl", _image_config_binary = "image_config_binary")
 load("//tools/image/private:image_sbom.bzl", _image_sbom = "image_sbom")
 load("//tools/image/private:push.bzl", _oci_push = "oci_push", _oci_verify = "oci_verify", _signing_key = "signing_key")
 load("//tools/image/private:rootfs.bzl", _debian_rootfs = "debian_rootfs")
@@ -41,6 +44,7 @@ sbom = _sbom
 oci_image_layout = _oci_image_layout
 oci_rootfs = _oci_rootfs
 oci_push = _oci_push
+image_config_binary = _image_config_binary
 oci_verify = _oci_verify
 signing_key = _signing_key
 image_sbom = _image_sbom
