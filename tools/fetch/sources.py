@@ -7,9 +7,11 @@ while hashing, and enter the CAS only after the hash matched.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +28,75 @@ DOWNLOAD_ATTEMPTS = 2
 RETRY_DELAY_S = 1.0
 USER_AGENT = "kimi-k3-fetch/1"
 FILL_MIRROR_HINT = "python3 -m tools.fetch mirror --pin {pin} --mirror DIR"
+
+
+class _ResolvedOnce:
+    """Each host's addresses, looked up once per process and then reused.
+
+    Why: urllib opens a new connection for every download and resolves the host again each
+    time. Some resolvers drop a query now and then, and glibc then waits its whole timeout (5 s
+    by default) before it asks again, so a Debian set of hundreds of small .debs paid that wait
+    many times over (docs/measurements/2026-12-07.md, "Twelfth session"). A lookup that fails is
+    not remembered: the next download asks again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._addresses: dict[tuple[str, int], list[str]] = {}
+
+    def addresses(self, host: str, port: int) -> list[str]:
+        with self._lock:
+            known = self._addresses.get((host, port))
+        if known is None:
+            infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+            known = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            with self._lock:
+                self._addresses[(host, port)] = known
+        return known
+
+    def create_connection(self, address: tuple[str, int], *args, **kwargs) -> socket.socket:  # type: ignore[no-untyped-def]
+        """socket.create_connection to `address` through the remembered addresses, each tried in
+        the resolver's order as socket.create_connection does (a numeric address needs no lookup)."""
+        host, port = address
+        error: OSError | None = None
+        for ip in self.addresses(host, port):
+            try:
+                return socket.create_connection((ip, port), *args, **kwargs)
+            except OSError as e:
+                error = e
+        raise error or OSError(f"{host}: no address")
+
+
+_RESOLVED_ONCE = _ResolvedOnce()
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._create_connection = _RESOLVED_ONCE.create_connection
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    # TLS still verifies, and names in SNI, the host of the URL (self.host), not the address.
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._create_connection = _RESOLVED_ONCE.create_connection
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):  # type: ignore[no-untyped-def]
+        # As urllib's own handler passes them (check_hostname exists up to Python 3.11).
+        checks = {"check_hostname": self._check_hostname} if hasattr(self, "_check_hostname") else {}
+        return self.do_open(_HTTPSConnection, req, context=self._context, **checks)
+
+
+# urlopen's defaults otherwise (the https_proxy/no_proxy environment, redirects, TLS checks).
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
 
 
 def mirror_dirs(flags: Sequence[str]) -> list[Path]:
@@ -141,8 +212,8 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     with cache.temp_file(key) as (tmp, out):
         try:
-            # urlopen honours the https_proxy/no_proxy environment like every urllib client.
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            # The opener honours the https_proxy/no_proxy environment like every urllib client.
+            with _OPENER.open(request, timeout=timeout) as response:
                 announced = response.headers.get("Content-Length")
                 if size is not None and announced and announced.isdigit() and int(announced) > size:
                     # Refused before the body: it cannot be the pinned file.
@@ -157,7 +228,10 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
             raise SourceFailed(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
-            refused = isinstance(reason, (ConnectionRefusedError, socket.gaierror))
+            # A refused connection or an unknown host is final; a lookup the resolver could not
+            # answer this time (EAI_AGAIN) is worth the second attempt like a dropped connection.
+            refused = isinstance(reason, ConnectionRefusedError) or (
+                isinstance(reason, socket.gaierror) and reason.errno != socket.EAI_AGAIN)
             raise SourceFailed(f"{url}: {reason}", transient=not refused) from None
         # http.client returns a short body as a clean EOF, so compare with Content-Length here:
         # a dropped connection must read as "truncated", not as a (misleading) hash mismatch.

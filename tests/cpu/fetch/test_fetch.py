@@ -335,6 +335,40 @@ def test_fetch_from_origin_then_cache_hit_without_network(tmp_path: Path, server
     assert tmp_entries(cache) == []
 
 
+def test_downloads_in_one_process_look_their_host_up_once(tmp_path: Path, server: Server,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolver that drops a query costs glibc a 5 s timeout per lookup, so a set of hundreds of
+    .debs must not look the mirror's host up per file. The first lookup fails here, and a failure
+    is not remembered: the retry looks the host up again and the rest reuse that answer."""
+    import socket
+
+    real = socket.getaddrinfo
+    lookups: list[str] = []
+
+    def counting(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "localhost":
+            lookups.append(host)
+            if len(lookups) == 1:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", counting)
+    monkeypatch.setattr(sources, "RETRY_DELAY_S", 0.0)
+    # A port of its own: the process may have looked up localhost for another test's server.
+    host = f"http://localhost:{server.httpd.server_address[1]}"
+    blobs = {f"/{i}.deb": os.urandom(1000 + i) for i in range(5)}
+    pins = {}
+    for path, data in blobs.items():
+        server.routes[path] = Route(data)
+        pins[path.strip("/").replace(".", "_")] = file_pin(host + path, data, filename=path.strip("/"))
+    lock = write_lock(tmp_path, pins)
+    cache = tmp_path / "cache"
+    for name in pins:
+        fetch.main(["fetch", "--lock", str(lock), "--cache", str(cache), "--pin", name])
+    assert len(cas_entries(cache)) == 5
+    assert lookups == ["localhost", "localhost"], lookups
+
+
 def test_hash_mismatch_from_origin_names_input_expected_actual(tmp_path: Path, server: Server) -> None:
     server.routes["/a.bin"] = Route(b"evil bytes")
     good = b"good bytes"
