@@ -1,7 +1,7 @@
 """The four times a newcomer meets, with their goals (not a test: it drives Bazel itself).
 
     python3 -m tools.bench [--only cold-tests,second-clone,warm-noop,main-after-tests,kernel-cache,cold-main,second-push,verify,both]
-                           [--record docs/measurements/YYYY-MM-DD.md] [--keep] [--profiles]
+                           [--record docs/measurements/YYYY-MM-DD.md] [--keep] [--profiles] [--fresh-home]
 
 Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 
@@ -19,7 +19,10 @@ Each figure runs a README command in a fresh clone of HEAD, as a newcomer would:
 
 "Cold" is Bazel cold: no output root and no disk cache (`KIMI_K3_BAZEL_OUTPUT_ROOT`,
 `KIMI_K3_DISK_CACHE` point into a temp dir); the artifact cache (downloads, by sha256) and the
-sealed Bazel root are kept, since they are the network's time, not the build's. Prints the table
+sealed Bazel root are kept, since they are the network's time, not the build's. --fresh-home
+measures a newcomer's machine instead: HOME is a new directory under the temp dir (only the
+user's pip configuration copied into it, which is the machine's set-up), so the figures also
+download every input and provision the sealed root, the test venv and the artifact cache. Prints the table
 with the date, the machine and the commit; --record appends it to a measurements file. Stops
 each Bazel server and removes each output root when its figures are done (--keep keeps them).
 Needs the disk room of one output root of the image and its disk cache (tens of GB): each
@@ -34,6 +37,7 @@ import argparse
 import datetime
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,9 +110,26 @@ def after_main(cmd: Sequence[str], clone_dir: Path, env: dict[str, str], work: P
     return figures
 
 
-def table(figures: Sequence[Figure], commit: str) -> str:
+# Where a run keeps what it provisions (tools/bazel, tools/common/cache.py): unset in a fresh HOME.
+CACHE_VARIABLES = ("XDG_CACHE_HOME", "KIMI_K3_CACHE", "KIMI_K3_SEALED_ROOT_DIR")
+
+
+def fresh_home_env(env: dict[str, str], home: Path) -> dict[str, str]:
+    """`env` with HOME a new directory and every cache location derived from it. The user's pip
+    configuration is copied in: it says where this machine's packages come from (set-up, not a
+    cache), and a newcomer's HOME has it too."""
+    home.mkdir(parents=True)
+    config = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")).expanduser() / ".config") / "pip"
+    if config.is_dir():
+        shutil.copytree(config, home / ".config" / "pip")
+    return {k: v for k, v in env.items() if k not in CACHE_VARIABLES and k != "XDG_CONFIG_HOME"} | {"HOME": str(home)}
+
+
+def table(figures: Sequence[Figure], commit: str, fresh_home: bool = False) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Commit {commit}, {when}, {machine()}.", "",
+    state = ("a fresh HOME (every input downloaded, the sealed root provisioned)" if fresh_home
+             else "the artifact cache and the sealed root kept")
+    lines = [f"Commit {commit}, {when}, {machine()}, {state}.", "",
              "| figure | command | time | goal | met | detail |", "|---|---|---|---|---|---|"]
     for f in figures:
         met = "" if f.met is None else ("yes" if f.met else "**no**")
@@ -124,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the clones and output roots")
     p.add_argument("--profiles", action="store_true",
                    help="take a Bazel profile of cold-tests and cold-main and print their top 15 actions")
+    p.add_argument("--fresh-home", action="store_true",
+                   help="a new HOME for the figures: no artifact cache, sealed root or venv (a newcomer's machine)")
     args = p.parse_args(argv)
     only = [f for f in args.only.split(",") if f]
     unknown = sorted(set(only) - set(FIGURES))
@@ -156,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             + profile_report(path, 15, "target"))
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_K3_BAZEL_OUTPUT_ROOT", "KIMI_K3_DISK_CACHE"))}
+    if args.fresh_home:
+        base_env = fresh_home_env(base_env, work / "home")
 
     def env_for(name: str, disk: str) -> dict[str, str]:
         return base_env | {"KIMI_K3_BAZEL_OUTPUT_ROOT": str(work / f"out-{name}"),
@@ -232,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             drop("both-main", jobs[1][2], "both")
     finally:
         if figures:
-            text = "\n".join([table(figures, commit)] + profiles)
+            text = "\n".join([table(figures, commit, args.fresh_home)] + profiles)
             print(text)
             if args.record:
                 with open(args.record, "a") as f:
