@@ -95,8 +95,10 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(_HTTPSConnection, req, context=self._context, **checks)
 
 
-# urlopen's defaults otherwise (the https_proxy/no_proxy environment, redirects, TLS checks).
-_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+def _opener() -> urllib.request.OpenerDirector:
+    """urlopen's defaults otherwise (redirects, TLS checks, and the proxies of the environment as
+    it is now: the CLIs put the proxies' credentials back into it after this module is imported)."""
+    return urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
 
 
 def mirror_dirs(flags: Sequence[str]) -> list[Path]:
@@ -213,7 +215,7 @@ def from_url(cache: Cache, key: str, name: str, sha256: str, size: int | None, u
     with cache.temp_file(key) as (tmp, out):
         try:
             # The opener honours the https_proxy/no_proxy environment like every urllib client.
-            with _OPENER.open(request, timeout=timeout) as response:
+            with _opener().open(request, timeout=timeout) as response:
                 announced = response.headers.get("Content-Length")
                 if size is not None and announced and announced.isdigit() and int(announced) > size:
                     # Refused before the body: it cannot be the pinned file.
