@@ -39,14 +39,16 @@ def test_a_fresh_home_moves_every_cache_and_keeps_only_the_pip_configuration(tmp
     sealed root follow the new HOME (the variables that would pin them elsewhere are dropped),
     and the pip configuration, the machine's set-up, is there as the user has it."""
     user = tmp_path / "user"
+    wheels = str(tmp_path / "wheels")  # where the user's pip finds packages
+    conf = f"[global]\nfind-links = {wheels}\n"
     (user / ".config" / "pip").mkdir(parents=True)
-    (user / ".config" / "pip" / "pip.conf").write_text("[global]\nfind-links = /opt/wheels\n")
+    (user / ".config" / "pip" / "pip.conf").write_text(conf)
     env = {"HOME": str(user), "PATH": "/usr/bin", "XDG_CACHE_HOME": str(user / "xdg"),
            "KIMI_K3_CACHE": str(user / "kimi"), "KIMI_K3_SEALED_ROOT_DIR": str(user / "root"),
-           "PIP_FIND_LINKS": "/opt/wheels"}
+           "PIP_FIND_LINKS": wheels}
     fresh = fresh_home_env(env, tmp_path / "home")
-    assert fresh == {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin", "PIP_FIND_LINKS": "/opt/wheels"}
-    assert (tmp_path / "home" / ".config" / "pip" / "pip.conf").read_text() == "[global]\nfind-links = /opt/wheels\n"
+    assert fresh == {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin", "PIP_FIND_LINKS": wheels}
+    assert (tmp_path / "home" / ".config" / "pip" / "pip.conf").read_text() == conf
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == [".config"]
     # Where tools/bazel and tools/common/cache.py then put the caches: under the new HOME.
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.common.cache import cache_root; "
