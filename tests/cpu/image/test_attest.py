@@ -489,26 +489,33 @@ def test_image_sbom_of_a_tiny_image_is_the_same_from_two_paths(tmp_path: Path) -
         "manifests"][0]["digest"].split(":")[1]
 
 
-@pytest.mark.parametrize("free, named", [(10, True), (1 << 50, False)])
-def test_a_scan_that_stops_silently_names_a_full_scratch_disk(free: int, named: bool, tmp_path: Path,
+@pytest.mark.parametrize("filled, named", [(True, True), (False, False)])
+def test_a_scan_that_stops_silently_names_a_full_scratch_disk(filled: bool, named: bool, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """syft -q exits 1 and says nothing when its scratch's file system fills up: the one line then
-    names that file system, how little it had left and the fix; with room left it does not."""
+    """syft -q exits 1 and says nothing when its scratch's file system fills up, and it removes
+    what it unpacked before it exits: the one line names that file system, the least it had left
+    during the scan and the fix, though the space is back by then; with room left throughout it
+    does not."""
     layout = tiny_layout(tmp_path / "a", "A = 1\n")
+    full = tmp_path / "disk-full"
     fake = tmp_path / "syft"
-    fake.write_text("#!/bin/sh\nexit 1\n")
+    # The stand-in fills the disk for a second (the marker file), frees it, then fails silently.
+    fill = f"touch {full}; sleep 1; rm {full}; " if filled else "sleep 1; "
+    fake.write_text(f"#!/bin/sh\n{fill}exit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(image_sbom, "syft_binary", lambda: fake)
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(image_sbom.shutil, "disk_usage", lambda _path: usage._replace(free=free))
+    monkeypatch.setattr(image_sbom.shutil, "disk_usage",
+                        lambda _path: usage._replace(free=10 if full.exists() else 1 << 50))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     with pytest.raises(UserError) as e:
         image_sbom.run_syft(layout, scratch)
+    assert not full.exists()
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"--layout {layout}: syft could not scan it: exit 1 with no message")
     assert message.endswith("pass an OCI layout from //image:image")
-    assert (f"its scratch directory's file system, {tmp_path}, had 10 B free when it stopped" in message
+    assert (f"its scratch directory's file system, {tmp_path}, had 10 B free at its lowest during the scan" in message
             and "point TMPDIR at a larger file system" in message) is named, message
 
 
