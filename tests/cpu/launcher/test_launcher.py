@@ -1047,6 +1047,51 @@ def test_second_run_says_which_run_it_waits_for(tmp_path: Path) -> None:
     assert "provisioning" not in (tmp_path / "second.stderr").read_text().replace(line, "")
 
 
+def sealed_holders(stand_in: StandInRoot) -> list[int]:
+    """PIDs of the processes holding a sealed namespace under the stand-in's outer one (the
+    launcher names each after the root's key and its outer holder's PID; a real sealed root of
+    this checkout has the same key, another outer holder)."""
+    outer = stand_in.holder_pid_file.read_text().strip()
+    name = f"kimi-k3-sealed-{stand_in.root.name}-{outer}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(name):
+                found.append(int(entry.name))
+    return found
+
+
+def test_two_runs_that_find_no_namespace_start_one_and_both_enter_it(tmp_path: Path) -> None:
+    """Two runs that both found no namespace holder (the first run after provisioning, and one
+    beside it) wait for the lock, one after the other: the first starts the holders, the second
+    finds them under the lock and enters the same sealed namespace. It must not start another: that
+    would remove the pid file the first is about to enter by (seen as `nsenter: invalid PID
+    argument`) and leave the first holder running."""
+    stand_in = StandInRoot(tmp_path)
+    runs: list[subprocess.Popen] = []
+    try:
+        with open(stand_in.lock_file, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # as another run starting the holders would
+            for n in range(2):
+                runs.append(stand_in.start({}, tmp_path / f"run{n}.stderr"))
+            for n in range(2):
+                wait_for(f"run {n} to wait for the lock",
+                         lambda: "waiting for PID" in (tmp_path / f"run{n}.stderr").read_text(), timeout=30)
+            assert not stand_in.sealed_pid_file.exists() and all(r.poll() is None for r in runs)
+        for n, run in enumerate(runs):
+            assert run.wait(timeout=60) == 0, (tmp_path / f"run{n}.stderr").read_text()
+        holders = sealed_holders(stand_in)
+        assert holders == [int(stand_in.sealed_pid_file.read_text())], holders
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+        with contextlib.suppress(OSError, ValueError):
+            for pid in sealed_holders(stand_in):
+                os.kill(pid, signal.SIGKILL)
+        stand_in.close()
+
+
 FAKE_APT_GET = r"""
 import fcntl, json, os, shutil, struct, sys, time
 with open(os.environ["FAKE_APT_LOG"], "a") as log:
